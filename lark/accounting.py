@@ -1,0 +1,80 @@
+"""Per-job traffic totals and rates from polled firewall counters."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .firewall.base import Counters, Firewall
+
+
+@dataclass
+class JobUsage:
+    started: float
+    last: float = 0.0
+    counters: Counters = field(default_factory=Counters)
+    peak_in_bps: float = 0.0
+    peak_out_bps: float = 0.0
+
+    def update(self, c: Counters, now: float) -> None:
+        dt = now - (self.last or self.started)
+        if dt > 0.2:  # a shorter window turns a burst into a meaningless peak
+            self.peak_in_bps = max(self.peak_in_bps, (c.bytes_in - self.counters.bytes_in) * 8 / dt)
+            self.peak_out_bps = max(self.peak_out_bps, (c.bytes_out - self.counters.bytes_out) * 8 / dt)
+        self.counters = c
+        self.last = now
+
+    def summary(self) -> dict:
+        c = self.counters
+        elapsed = max((self.last or self.started) - self.started, 1e-9)
+        return {
+            "bytes_in": c.bytes_in, "bytes_out": c.bytes_out,
+            "packets_in": c.packets_in, "packets_out": c.packets_out,
+            "avg_in_bps": c.bytes_in * 8 / elapsed if self.last else 0.0,
+            "avg_out_bps": c.bytes_out * 8 / elapsed if self.last else 0.0,
+            "peak_in_bps": self.peak_in_bps, "peak_out_bps": self.peak_out_bps,
+            "seconds": elapsed if self.last else 0.0, "polled_at": self.last,
+        }
+
+
+class Accountant:
+    def __init__(self, firewall: Firewall):
+        self.fw = firewall
+        self.jobs: dict[str, JobUsage] = {}
+        self._lock = threading.Lock()
+
+    def start(self, key: str, started: float | None = None) -> None:
+        with self._lock:
+            self.jobs.setdefault(key, JobUsage(started=started or time.time()))
+
+    def poll(self) -> None:
+        """One read of every counter; cheap enough to run every few seconds with hundreds of jobs."""
+        readings = self.fw.read_counters()
+        now = time.time()
+        with self._lock:
+            for key, usage in self.jobs.items():
+                if key in readings:
+                    usage.update(readings[key], now)
+
+    def final(self, key: str, started: float | None = None) -> dict | None:
+        """Take the last reading of one job before its counters are deleted, and stop tracking it.
+
+        A job adopted after a daemon restart has no in-memory usage; its kernel counters kept counting, so
+        they are read with the record's start time.
+        """
+        readings = self.fw.read_counters()
+        now = time.time()
+        with self._lock:
+            usage = self.jobs.pop(key, None)
+            if usage is None:
+                if key not in readings or started is None:
+                    return None
+                usage = JobUsage(started=started)
+            if key in readings:
+                usage.update(readings[key], now)
+            return usage.summary()
+
+    def summary(self, key: str) -> dict | None:
+        with self._lock:
+            usage = self.jobs.get(key)
+            return usage.summary() if usage else None

@@ -1,0 +1,122 @@
+"""`lark`: status, gc, doctor for admins."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+from .client import call
+from .config import load
+from .errors import LarkError
+
+log = logging.getLogger("lark")
+
+
+def _rate(bps: float | None) -> str:
+    if not bps:
+        return "0"
+    for unit, div in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
+        if bps >= div:
+            return f"{bps / div:.1f} {unit}"
+    return f"{bps:.0f} bit/s"
+
+
+def cmd_status(args) -> int:
+    answer = call("status", path=args.socket, timeout=10)
+    jobs = answer["jobs"]
+    if args.json:
+        print(json.dumps(jobs, indent=2, sort_keys=True))
+        return 0
+    print(f"{'slot':<12} {'job':<10} {'mode':<6} {'netns':<22} {'address':<15} {'bytes in':>12} {'bytes out':>12} "
+          f"{'avg in':>12} {'avg out':>12}")
+    for j in jobs:
+        plan, usage = j.get("plan", {}), j.get("usage") or {}
+        print(f"{j.get('slot', ''):<12} {j.get('job_id', ''):<10} {plan.get('network_type', ''):<6} "
+              f"{j.get('netns', ''):<22} {plan.get('ipv4') or '-':<15} {usage.get('bytes_in', 0):>12} "
+              f"{usage.get('bytes_out', 0):>12} {_rate(usage.get('avg_in_bps')):>12} "
+              f"{_rate(usage.get('avg_out_bps')):>12}")
+    if not jobs:
+        print("(no networked jobs)")
+    return 0
+
+
+def cmd_gc(args) -> int:
+    try:
+        answer = call("gc", path=args.socket, timeout=120, dry_run=args.dry_run)
+        actions = answer["actions"]
+    except LarkError as e:
+        if "not running" not in str(e):
+            raise
+        actions = _offline_gc(args)
+    verb = "would remove" if args.dry_run else "removed"
+    for a in actions:
+        print(f"{verb} {a}")
+    if not actions:
+        print("nothing to remove")
+    return 0
+
+
+def _offline_gc(args) -> list[str]:
+    """larkd is down: sweep here, holding its lock so it cannot start halfway through."""
+    from .accounting import Accountant
+    from .daemon import hold_daemon_lock
+    from .firewall import make_firewall
+    from .jobnet import JobNetworker
+    from .state import FinishedStore, RecordStore
+    from .sweep import live_record_keys, sweep
+
+    cfg = load(args.config)
+    lock = hold_daemon_lock(cfg)
+    try:
+        fw = make_firewall(cfg)
+        net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
+                           FinishedStore(os.path.join(cfg.state_dir, "finished"), cfg.finished_keep))
+        actions = sweep(net, live_record_keys(net), args.dry_run)
+        if args.purge and not args.dry_run and not net.records.keys():
+            fw.destroy_base()
+            actions.append(f"base {fw.name} objects")
+        return actions
+    finally:
+        os.close(lock)
+
+
+def cmd_doctor(args) -> int:
+    from . import doctor
+    cfg = load(args.config)
+    text, missing = doctor.report(doctor.run(), cfg.firewall)
+    print(text)
+    if missing:
+        print(f"{missing} required feature(s) missing: Lark cannot network jobs here", file=sys.stderr)
+    return 1 if missing else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lark", description="Lark per-job networks: admin tool")
+    ap.add_argument("--config", help="larkd config (default /etc/lark/lark.toml or $LARK_CONFIG)")
+    ap.add_argument("--socket", help="larkd socket (default from config)")
+    ap.add_argument("--log-level", default="WARNING")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("status", help="networked jobs, addresses, bytes and rates")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("gc", help="remove objects no live job owns (safe to repeat)")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
+    p.add_argument("--purge", action="store_true", help="with larkd stopped and no jobs: also remove base rules")
+    p.set_defaults(func=cmd_gc)
+    p = sub.add_parser("doctor", help="kernel and tool features Lark needs or can use")
+    p.set_defaults(func=cmd_doctor)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="lark: %(levelname)s %(message)s")
+    if args.socket is None and args.config:
+        args.socket = load(args.config).socket
+    try:
+        return args.func(args)
+    except LarkError as e:
+        print(f"lark: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

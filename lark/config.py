@@ -1,0 +1,156 @@
+"""larkd configuration: a TOML file with [daemon] and [network] tables, validated on load."""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import LarkError
+
+DEFAULT_PATH = "/etc/lark/lark.toml"
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+
+
+@dataclass
+class Config:
+    # [daemon]
+    socket: str = "/run/lark/lark.sock"
+    run_dir: str = "/run/lark"          # records and address locks: same lifetime as the kernel objects
+    state_dir: str = "/var/lib/lark"    # finished-job accounting survives reboots
+    netns_dir: str = "/run/netns"
+    netns_prefix: str = "lark-"
+    starter_paths: list[str] = field(default_factory=lambda: ["/usr/sbin/condor_starter"])
+    ad_source: str = "startd"           # "startd" (htcondor2 bindings) or "files" (root-owned ad_dir)
+    ad_dir: str = "/run/lark/ads"
+    poll_interval: float = 5.0
+    request_timeout: float = 5.0
+    max_request_bytes: int = 65536
+    setup_workers: int = 4
+    finished_keep: int = 10000
+    callout: str = ""
+    callout_timeout: float = 5.0
+    # [network]
+    uplink: str = "eth0"
+    subnet: str = "10.213.0.0/16"
+    firewall: str = "nftables"          # or "iptables"
+    nft_table: str = "lark"
+    allow_job_to_job: bool = False
+    allow_job_to_host: bool = False
+    inbound_ports: str = "20000-20999"
+    enable_ip_forward: bool = True
+    default_network_type: str = "nat"
+
+    @property
+    def records_dir(self) -> str:
+        return os.path.join(self.run_dir, "jobs")
+
+    @property
+    def ipam_dir(self) -> str:
+        return os.path.join(self.run_dir, "ipam")
+
+    @property
+    def lock_path(self) -> str:
+        return os.path.join(self.run_dir, "larkd.lock")
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(self.subnet)
+
+    @property
+    def gateway(self) -> ipaddress.IPv4Address:
+        return self.network.network_address + 1
+
+    @property
+    def port_range(self) -> tuple[int, int]:
+        lo, _, hi = self.inbound_ports.partition("-")
+        return int(lo), int(hi or lo)
+
+    def validate(self) -> "Config":
+        def bad(key: str, why: str, fix: str) -> LarkError:
+            return LarkError(why, obj=f"config key {key!r}", fix=fix)
+
+        if not IFNAME_RE.match(self.uplink):
+            raise bad("uplink", f"{self.uplink!r} is not a valid interface name", "use the name `ip link` shows")
+        try:
+            net = ipaddress.IPv4Network(self.subnet)
+        except ValueError as e:
+            raise bad("subnet", str(e), "give an IPv4 network such as 10.213.0.0/16") from None
+        if net.num_addresses < 4:
+            raise bad("subnet", f"{self.subnet} is too small", "use a /30 or larger")
+        if self.firewall not in ("nftables", "iptables"):
+            raise bad("firewall", f"unknown backend {self.firewall!r}", "use nftables or iptables")
+        if self.ad_source not in ("startd", "files"):
+            raise bad("ad_source", f"unknown ad source {self.ad_source!r}", "use startd or files")
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_]{0,31}$", self.nft_table):
+            raise bad("nft_table", f"{self.nft_table!r} is not a safe table name", "letters, digits, _")
+        if not re.match(r"^[A-Za-z0-9_.-]{1,40}$", self.netns_prefix):
+            raise bad("netns_prefix", f"{self.netns_prefix!r} is not a safe name prefix", "letters, digits, _.-")
+        try:
+            lo, hi = self.port_range
+        except ValueError:
+            raise bad("inbound_ports", f"{self.inbound_ports!r} is not a range", "write it as 20000-20999") from None
+        if not (1 <= lo <= hi <= 65535):
+            raise bad("inbound_ports", f"{self.inbound_ports!r} is out of 1-65535", "write it as 20000-20999")
+        if self.poll_interval <= 0 or self.request_timeout <= 0:
+            raise bad("poll_interval", "intervals must be positive", "use seconds, e.g. 5")
+        if self.default_network_type not in ("nat", "none"):
+            raise bad("default_network_type", f"{self.default_network_type!r} is not available",
+                      "use nat or none")
+        return self
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def from_mapping(data: dict) -> Config:
+    flat: dict = {}
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise LarkError(f"top-level key {section!r} must be a table", obj="config",
+                            fix="put keys under [daemon] or [network]")
+        for key, value in values.items():
+            if key not in _FIELDS:
+                raise LarkError(f"unknown key {section}.{key}", obj="config", fix="see docs/admin.md for the keys")
+            flat[key] = value
+    return Config(**flat).validate()
+
+
+def load(path: str | None = None) -> Config:
+    path = path or os.environ.get("LARK_CONFIG") or DEFAULT_PATH
+    p = Path(path)
+    if not p.exists():
+        if path == DEFAULT_PATH:
+            return Config().validate()
+        raise LarkError("file does not exist", obj=f"config {path}", fix="create it or drop --config")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise LarkError(f"not valid TOML: {e}", obj=f"config {path}", fix="fix the syntax") from None
+    return from_mapping(data)
+
+
+def dump(cfg: Config) -> str:
+    """Render a config as TOML (used by tests and the testbed to write config files)."""
+    daemon_keys = {"socket", "run_dir", "state_dir", "netns_dir", "netns_prefix", "starter_paths", "ad_source",
+                   "ad_dir", "poll_interval", "request_timeout", "max_request_bytes", "setup_workers",
+                   "finished_keep", "callout", "callout_timeout"}
+    out = {"daemon": [], "network": []}
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        out["daemon" if f.name in daemon_keys else "network"].append(f"{f.name} = {_toml_value(v)}")
+    return "".join(f"[{sec}]\n" + "\n".join(lines) + "\n\n" for sec, lines in out.items())
+
+
+def _toml_value(v) -> str:
+    import json
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(str(v))

@@ -1,0 +1,214 @@
+"""nftables backend: Lark owns exactly one table (`inet <nft_table>`) and touches nothing else.
+
+Per-job chains are reached through verdict maps keyed by interface name, so adding or removing a job is a
+single atomic transaction of map elements, chains and named counters, with no rule handles to track.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from ..errors import LarkError
+from ..names import HOST_IF_PREFIX, JobNames
+from ..plan import NetworkPlan
+from .base import Counters, Firewall, run_tool
+
+log = logging.getLogger(__name__)
+WILDCARD = HOST_IF_PREFIX + "*"
+MAPS = {"pre_from_job": "pre", "fwd_from_job": "out", "fwd_to_job": "in"}
+
+
+def _meta(key: str, value, op: str = "==") -> dict:
+    return {"match": {"op": op, "left": {"meta": {"key": key}}, "right": value}}
+
+
+def _ct_state(*states: str) -> dict:
+    return {"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": list(states)}}
+
+
+class NftablesFirewall(Firewall):
+    name = "nftables"
+
+    def __init__(self, cfg, netns_prefix: str = "lark-"):
+        super().__init__(cfg)
+        self.table = cfg.nft_table
+        self.t = {"family": "inet", "table": self.table}
+
+    # -- plumbing -------------------------------------------------------------------------------------
+    def _apply(self, cmds: list[dict], what: str) -> None:
+        run_tool(["nft", "-j", "-f", "-"], input=json.dumps({"nftables": cmds}), what=what)
+
+    def _list(self, *what: str) -> list[dict]:
+        cp = run_tool(["nft", "-j", "list", *what], what=f"nft list {' '.join(what)}", check=False)
+        if cp.returncode != 0:
+            if "No such file" in cp.stderr or "does not exist" in cp.stderr:
+                return []
+            raise LarkError(f"nft list failed: {cp.stderr.strip()[:300]}", obj=f"nft table inet {self.table}")
+        return json.loads(cp.stdout).get("nftables", [])
+
+    def _rule(self, chain: str, *expr: dict) -> dict:
+        return {"add": {"rule": {**self.t, "chain": chain, "expr": list(expr)}}}
+
+    # -- shared objects -------------------------------------------------------------------------------
+    def ensure_base(self) -> None:
+        cfg = self.cfg
+        t = self.t
+        cmds: list[dict] = [{"add": {"table": {"family": "inet", "name": self.table}}}]
+        if self.base_present():
+            # Rebuild the base chains from config but keep maps, per-job chains and counters intact.
+            for chain in ("pre", "fwd", "inp", "nat_pre", "nat_post"):
+                cmds.append({"flush": {"chain": {**t, "name": chain}}})
+        for name in MAPS:
+            cmds.append({"add": {"map": {**t, "name": name, "type": "ifname", "map": "verdict"}}})
+        cmds.append({"add": {"map": {**t, "name": "inbound", "type": "inet_service", "map": "ipv4_addr"}}})
+        chains = [("pre", "filter", "prerouting", -300), ("fwd", "filter", "forward", 0),
+                  ("inp", "filter", "input", 0), ("nat_pre", "nat", "prerouting", -100),
+                  ("nat_post", "nat", "postrouting", 100)]
+        for name, ctype, hook, prio in chains:
+            cmds.append({"add": {"chain": {**t, "name": name, "type": ctype, "hook": hook, "prio": prio,
+                                           "policy": "accept"}}})
+        drop = {"drop": None}
+        cmds += [
+            self._rule("pre", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@pre_from_job"}}),
+            self._rule("pre", _meta("iifname", WILDCARD), drop),
+            self._rule("fwd", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@fwd_from_job"}}),
+            self._rule("fwd", {"vmap": {"key": {"meta": {"key": "oifname"}}, "data": "@fwd_to_job"}}),
+            self._rule("fwd", _meta("iifname", WILDCARD), drop),
+            self._rule("fwd", _meta("oifname", WILDCARD), drop),
+            self._rule("inp", _meta("iifname", WILDCARD), _ct_state("established", "related"), {"accept": None}),
+        ]
+        if not cfg.allow_job_to_host:
+            cmds.append(self._rule("inp", _meta("iifname", WILDCARD), drop))
+        cmds += [
+            self._rule("nat_pre", _meta("iifname", cfg.uplink), _meta("nfproto", "ipv4"),
+                       {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}},
+                                  "right": {"set": ["tcp", "udp"]}}},
+                       {"dnat": {"family": "ip", "addr": {"map": {
+                           "key": {"payload": {"protocol": "th", "field": "dport"}}, "data": "@inbound"}}}}),
+            self._rule("nat_post", _meta("oifname", cfg.uplink),
+                       {"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "saddr"}},
+                                  "right": {"prefix": {"addr": str(cfg.network.network_address),
+                                                       "len": cfg.network.prefixlen}}}},
+                       {"masquerade": None}),
+        ]
+        self._apply(cmds, f"nft table inet {self.table}")
+
+    def destroy_base(self) -> None:
+        if self.base_present():
+            self._apply([{"delete": {"table": {"family": "inet", "name": self.table}}}],
+                        f"nft table inet {self.table}")
+
+    def base_present(self) -> bool:
+        return any("table" in o for o in self._list("tables", "inet")
+                   if o.get("table", {}).get("name") == self.table)
+
+    # -- per job --------------------------------------------------------------------------------------
+    def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+        cfg, t, j = self.cfg, self.t, names.nft_id
+        c_in, c_out = f"{j}_in", f"{j}_out"
+        est = _ct_state("established", "related")
+        cmds: list[dict] = [
+            {"add": {"counter": {**t, "name": c_in}}},
+            {"add": {"counter": {**t, "name": c_out}}},
+        ]
+        for suffix in ("pre", "out", "in"):
+            cmds.append({"add": {"chain": {**t, "name": f"{j}_{suffix}"}}})
+            cmds.append({"flush": {"chain": {**t, "name": f"{j}_{suffix}"}}})
+        # Anti-spoofing: only the job's own IPv4 address may enter the host from its veth.
+        cmds.append(self._rule(f"{j}_pre", {"match": {"op": "!=", "left": {"payload": {
+            "protocol": "ip", "field": "saddr"}}, "right": plan.ipv4}}, {"drop": None}))
+        cmds.append(self._rule(f"{j}_pre", _meta("nfproto", "ipv6"), {"drop": None}))
+        cmds.append(self._rule(f"{j}_out", est, {"counter": c_out}, {"accept": None}))
+        if plan.outbound:
+            cmds.append(self._rule(f"{j}_out", _meta("oifname", cfg.uplink), _ct_state("new"),
+                                   {"counter": c_out}, {"accept": None}))
+        if cfg.allow_job_to_job:
+            cmds.append(self._rule(f"{j}_out", _meta("oifname", WILDCARD), {"counter": c_out}, {"accept": None}))
+        cmds.append(self._rule(f"{j}_out", {"drop": None}))
+        cmds.append(self._rule(f"{j}_in", est, {"counter": c_in}, {"accept": None}))
+        if plan.inbound:
+            cmds.append(self._rule(f"{j}_in", _meta("iifname", cfg.uplink), _ct_state("new"),
+                                   {"counter": c_in}, {"accept": None}))
+        if cfg.allow_job_to_job:
+            cmds.append(self._rule(f"{j}_in", _meta("iifname", WILDCARD), {"counter": c_in}, {"accept": None}))
+        cmds.append(self._rule(f"{j}_in", {"drop": None}))
+        for mapname, suffix in MAPS.items():
+            cmds.append({"add": {"element": {**t, "name": mapname,
+                                             "elem": [[names.host_if, {"goto": {"target": f"{j}_{suffix}"}}]]}}})
+        if plan.inbound and plan.inbound_port:
+            cmds.append({"add": {"element": {**t, "name": "inbound", "elem": [[plan.inbound_port, plan.ipv4]]}}})
+        self._apply(cmds, f"nft rules of job {plan.job_id} ({names.host_if})")
+
+    def remove_job(self, names: JobNames) -> bool:
+        j = names.nft_id
+        objs = self._list("table", "inet", self.table)
+        if not objs:
+            return False
+        t = self.t
+        cmds: list[dict] = []
+        for o in objs:
+            m = o.get("map")
+            if m and m.get("name") in MAPS:
+                for key, _ in m.get("elem", []):
+                    if key == names.host_if:
+                        cmds.append({"delete": {"element": {**t, "name": m["name"], "elem": [key]}}})
+            if m and m.get("name") == "inbound":
+                addrs = self._job_addresses(objs, j)
+                for key, addr in m.get("elem", []):
+                    if addr in addrs:
+                        cmds.append({"delete": {"element": {**t, "name": "inbound", "elem": [key]}}})
+        chains = [o["chain"]["name"] for o in objs if "chain" in o and o["chain"]["name"].startswith(j + "_")
+                  and o["chain"]["name"][len(j) + 1:] in ("pre", "out", "in")]
+        for c in chains:
+            cmds.append({"flush": {"chain": {**t, "name": c}}})
+        for c in chains:
+            cmds.append({"delete": {"chain": {**t, "name": c}}})
+        for o in objs:
+            if "counter" in o and o["counter"]["name"] in (f"{j}_in", f"{j}_out"):
+                cmds.append({"delete": {"counter": {**t, "name": o["counter"]["name"]}}})
+        if not cmds:
+            return False
+        self._apply(cmds, f"nft rules of {names.host_if}")
+        return True
+
+    @staticmethod
+    def _job_addresses(objs: list[dict], j: str) -> set[str]:
+        # The anti-spoofing rule of the job's pre chain names its address.
+        out = set()
+        for o in objs:
+            r = o.get("rule")
+            if r and r.get("chain") == f"{j}_pre":
+                for e in r.get("expr", []):
+                    m = e.get("match")
+                    if m and m.get("op") == "!=" and isinstance(m.get("right"), str):
+                        out.add(m["right"])
+        return out
+
+    def read_counters(self) -> dict[str, Counters]:
+        out: dict[str, Counters] = {}
+        for o in self._list("counters", "table", "inet", self.table):
+            c = o.get("counter")
+            if not c or not c["name"].startswith("j_"):
+                continue
+            base, _, direction = c["name"].rpartition("_")
+            key = base[2:]
+            cur = out.setdefault(key, Counters())
+            if direction == "in":
+                cur.bytes_in, cur.packets_in = c["bytes"], c["packets"]
+            elif direction == "out":
+                cur.bytes_out, cur.packets_out = c["bytes"], c["packets"]
+        return out
+
+    def job_keys(self) -> set[str]:
+        keys = set()
+        for o in self._list("table", "inet", self.table):
+            for kind in ("chain", "counter"):
+                name = o.get(kind, {}).get("name", "")
+                if name.startswith("j_"):
+                    keys.add(name[2:].rpartition("_")[0])
+            m = o.get("map")
+            if m and m.get("name") in MAPS:
+                for key, _ in m.get("elem", []):
+                    if isinstance(key, str) and key.startswith(HOST_IF_PREFIX):
+                        keys.add(key[len(HOST_IF_PREFIX):])
+        return keys

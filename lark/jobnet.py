@@ -1,0 +1,127 @@
+"""Set up and tear down one job's network, recording every completed step.
+
+Teardown works from names derived from the job key, never from what the record says was done, so the same
+function cleans a finished job, a half-built one after a crash, and an orphan found by the sweep (CNI DEL).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from pyroute2 import IPRoute
+
+from . import links, nsutil
+from .accounting import Accountant
+from .config import Config
+from .errors import LarkError
+from .firewall.base import Firewall
+from .ipam import address_pool, port_pool
+from .names import JobNames
+from .plan import NetworkPlan
+from .state import FinishedStore, JobRecord, RecordStore
+
+log = logging.getLogger(__name__)
+SUPPORTED_TYPES = ("nat", "none")
+
+
+class JobNetworker:
+    def __init__(self, cfg: Config, firewall: Firewall, records: RecordStore, accountant: Accountant,
+                 finished: FinishedStore):
+        self.cfg = cfg
+        self.fw = firewall
+        self.records = records
+        self.acct = accountant
+        self.finished = finished
+        self.addresses = address_pool(cfg.ipam_dir, cfg.subnet)
+        lo, hi = cfg.port_range
+        self.ports = port_pool(cfg.ipam_dir, lo, hi)
+
+    def names(self, key: str) -> JobNames:
+        return JobNames(key, self.cfg.netns_prefix)
+
+    def netns_path(self, key: str) -> str:
+        return os.path.join(self.cfg.netns_dir, self.names(key).netns)
+
+    def setup(self, plan: NetworkPlan, starter_pid: int, starter_start: int, job_pid: int,
+              job_ns: int) -> JobRecord:
+        if plan.network_type not in SUPPORTED_TYPES:
+            raise LarkError(f"network type {plan.network_type!r} is not available on this machine", job=plan.job_id,
+                            obj="NetworkType", fix=f"make the machine policy choose one of {', '.join(SUPPORTED_TYPES)}")
+        n = self.names(plan.key)
+        rec = JobRecord(key=plan.key, slot=plan.slot, job_id=plan.job_id, starter_pid=starter_pid,
+                        starter_start=starter_start, job_pid=job_pid, netns_inode=job_ns, netns=n.netns,
+                        host_if=n.host_if if plan.has_network else "", plan=plan.to_dict())
+        self.records.save(rec)  # before any kernel object exists, so a crash from here on leaves a trace
+        try:
+            self._build(plan, rec, n)
+        except Exception as e:
+            log.error("setup of job %s on %s failed, undoing: %s", plan.job_id, plan.slot, e)
+            rec.error = str(e)
+            try:
+                self.teardown(plan.key, "setup failed")
+            except Exception:
+                log.exception("undoing the failed setup of %s also failed; `lark gc` will retry", plan.key)
+            if isinstance(e, LarkError):
+                raise
+            raise LarkError(f"setup failed: {e}", job=plan.job_id, obj=f"slot {plan.slot}") from e
+        return rec
+
+    def _build(self, plan: NetworkPlan, rec: JobRecord, n: JobNames) -> None:
+        path = self.netns_path(plan.key)
+        nsutil.attach(rec.job_pid, path)
+        self.records.step(rec, "netns")
+        ns_fd = os.open(path, os.O_RDONLY)
+        try:
+            if not plan.has_network:
+                links.configure_job_side(ns_fd, None, None, 32, None)
+                self.records.step(rec, "loopback")
+            else:
+                plan.ipv4 = self.addresses.reserve(plan.key, plan.job_id)
+                plan.gateway4 = str(self.cfg.gateway)
+                if plan.inbound:
+                    plan.inbound_port = int(self.ports.reserve(plan.key, plan.job_id))
+                rec.plan = plan.to_dict()
+                self.records.step(rec, "address")
+                with IPRoute() as ipr:
+                    links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id)
+                    self.records.step(rec, "veth")
+                    links.configure_host_side(ipr, n.host_if, plan.gateway4, plan.ipv4)
+                links.configure_job_side(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+                self.records.step(rec, "addressing")
+                self.fw.add_job(plan, n)
+                self.acct.start(plan.key, rec.created)
+                self.records.step(rec, "firewall")
+        finally:
+            os.close(ns_fd)
+        rec.phase = "ready"
+        self.records.save(rec)
+
+    def teardown(self, key: str, reason: str) -> dict | None:
+        """Remove everything a job key can own; safe to repeat and on partial state."""
+        n = self.names(key)
+        rec = self.records.load(key)
+        if rec:
+            rec.phase = "tearing-down"
+            self.records.save(rec)
+        summary = None
+        try:
+            summary = self.acct.final(key, rec.created if rec else None)
+        except LarkError as e:
+            log.warning("final counter reading of %s failed: %s", key, e)
+        self.fw.remove_job(n)
+        with IPRoute() as ipr:
+            links.delete_link(ipr, n.host_if)
+        nsutil.detach(self.netns_path(key))
+        self.addresses.release(key)
+        self.ports.release(key)
+        if rec and summary is not None:
+            plan = rec.plan
+            summary.update({"job_id": rec.job_id, "slot": rec.slot, "key": key, "ended": time.time(),
+                            "started": rec.created, "network_type": plan.get("network_type"),
+                            "ipv4": plan.get("ipv4"), "owner": plan.get("owner"),
+                            "accounting_group": plan.get("accounting_group"), "reason": reason})
+            self.finished.save(key, summary)
+        self.records.delete(key)
+        log.info("tore down network of %s (%s)", rec.job_id if rec else key, reason)
+        return summary

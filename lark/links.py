@@ -1,0 +1,84 @@
+"""veth plumbing with pyroute2: the host end stays with larkd, the job end is created inside the job's netns."""
+from __future__ import annotations
+
+import logging
+import os
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from . import nsutil
+from .errors import LarkError
+
+log = logging.getLogger(__name__)
+SCOPE_LINK = 253
+
+
+def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str) -> None:
+    # Creating the peer directly in the target netns avoids a 20 ms move between namespaces.
+    try:
+        ipr.link("add", ifname=host_if, kind="veth", peer={"ifname": job_if, "net_ns_fd": ns_fd})
+    except NetlinkError as e:
+        if e.code == 17:  # EEXIST: a leftover from a crashed setup of this slot
+            raise LarkError("host interface already exists", job=job, obj=host_if,
+                            fix="run `lark gc` to remove leftovers of a crashed setup") from None
+        raise LarkError(f"cannot create veth pair: {e}", job=job, obj=host_if) from None
+
+
+def configure_host_side(ipr: IPRoute, host_if: str, gateway: str | None, job_ip: str | None) -> int:
+    idx = ipr.link_lookup(ifname=host_if)[0]
+    ipr.link("set", index=idx, state="up")
+    if gateway and job_ip:
+        # Point-to-point: the gateway address sits on every host-side veth, each job has a /32 host route.
+        ipr.addr("add", index=idx, address=gateway, prefixlen=32)
+        ipr.route("add", dst=f"{job_ip}/32", oif=idx, scope=SCOPE_LINK)
+    return idx
+
+
+def configure_job_side(ns_fd: int, job_if: str | None, job_ip: str | None, prefix: int, gateway: str | None) -> None:
+    with nsutil.netlink_in(ns_fd) as nipr:
+        lo = nipr.link_lookup(ifname="lo")[0]
+        nipr.link("set", index=lo, state="up")
+        if not job_if:
+            return
+        idx = nipr.link_lookup(ifname=job_if)[0]
+        if job_ip:
+            nipr.addr("add", index=idx, address=job_ip, prefixlen=prefix)
+        nipr.link("set", index=idx, state="up")
+        if gateway:
+            nipr.route("add", dst=f"{gateway}/32", oif=idx, scope=SCOPE_LINK)
+            nipr.route("add", dst="0.0.0.0/0", gateway=gateway, oif=idx)
+
+
+def delete_link(ipr: IPRoute, ifname: str) -> bool:
+    """Delete a link if present; deleting one end of a veth removes both. Safe to repeat."""
+    idx = ipr.link_lookup(ifname=ifname)
+    if not idx:
+        return False
+    try:
+        ipr.link("del", index=idx[0])
+    except NetlinkError as e:
+        if e.code != 19:  # ENODEV: raced with the kernel removing it with its namespace
+            raise
+    return True
+
+
+def list_links(ipr: IPRoute, prefix: str) -> list[str]:
+    names = []
+    for link in ipr.get_links():
+        name = link.get_attr("IFLA_IFNAME")
+        if name and name.startswith(prefix):
+            names.append(name)
+    return names
+
+
+def link_stats(ipr: IPRoute, ifname: str) -> dict | None:
+    idx = ipr.link_lookup(ifname=ifname)
+    if not idx:
+        return None
+    stats = ipr.get_links(idx[0])[0].get_attr("IFLA_STATS64")
+    return dict(stats) if stats else None
+
+
+def open_netns(path: str) -> int:
+    return os.open(path, os.O_RDONLY)

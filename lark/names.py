@@ -1,0 +1,54 @@
+"""Kernel object names derived from a slot name: one place, so setup, teardown and gc always agree."""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from .errors import LarkError
+
+HOST_IF_PREFIX = "lk-"
+SLOT_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")
+_SAFE = re.compile(r"^[A-Za-z0-9_]{1,12}$")
+
+
+def job_key(slot: str) -> str:
+    """A short identifier that is safe in interface, nft and file names.
+
+    Slot names come from the starter's command line (root-owned), but are still treated as untrusted text:
+    anything outside [A-Za-z0-9_] or longer than 12 characters is replaced by a hash.
+    """
+    if not SLOT_RE.match(slot or ""):
+        raise LarkError(f"slot name {slot!r} is not valid", obj="starter command line",
+                        fix="slot names are letters, digits and _.@-")
+    if _SAFE.match(slot):
+        return slot
+    return "h" + hashlib.sha256(slot.encode()).hexdigest()[:11]
+
+
+@dataclass(frozen=True)
+class JobNames:
+    key: str
+    netns_prefix: str = "lark-"
+
+    @property
+    def netns(self) -> str:
+        return f"{self.netns_prefix}{self.key}"
+
+    @property
+    def host_if(self) -> str:
+        return f"{HOST_IF_PREFIX}{self.key}"
+
+    @property
+    def job_if(self) -> str:
+        return "eth0"
+
+    @property
+    def nft_id(self) -> str:
+        return f"j_{self.key}"
+
+
+def key_from_host_if(ifname: str) -> str | None:
+    if ifname.startswith(HOST_IF_PREFIX) and len(ifname) > len(HOST_IF_PREFIX):
+        return ifname[len(HOST_IF_PREFIX):]
+    return None

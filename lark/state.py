@@ -1,0 +1,127 @@
+"""Job records: one JSON file per job, replaced atomically after every completed step.
+
+Records live in run_dir (tmpfs) because they describe kernel objects that do not survive a reboot either;
+an atomic rename is enough to survive the daemon being killed at any point. Finished-job accounting goes to
+state_dir, which does persist.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobRecord:
+    key: str
+    slot: str
+    job_id: str
+    starter_pid: int
+    starter_start: int                # /proc/<pid>/stat starttime, so a reused pid is not mistaken for ours
+    job_pid: int
+    netns_inode: int
+    netns: str
+    host_if: str
+    plan: dict
+    phase: str = "setting-up"         # setting-up -> ready -> tearing-down
+    steps: list[str] = field(default_factory=list)
+    created: float = field(default_factory=time.time)
+    counters: dict = field(default_factory=dict)
+    error: str = ""
+
+
+def _atomic_write(path: str, data: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+class RecordStore:
+    def __init__(self, directory: str):
+        self.dir = directory
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.dir, f"{key}.json")
+
+    def save(self, rec: JobRecord) -> None:
+        _atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
+
+    def step(self, rec: JobRecord, name: str) -> None:
+        rec.steps.append(name)
+        self.save(rec)
+
+    def load(self, key: str) -> JobRecord | None:
+        try:
+            with open(self.path(key)) as f:
+                return JobRecord(**json.load(f))
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError) as e:
+            log.error("record %s is unreadable (%s); it will be treated as an orphan", self.path(key), e)
+            return None
+
+    def delete(self, key: str) -> None:
+        try:
+            os.unlink(self.path(key))
+        except FileNotFoundError:
+            pass
+
+    def keys(self) -> list[str]:
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        return sorted(n[:-5] for n in names if n.endswith(".json"))
+
+    def all(self) -> list[JobRecord]:
+        return [r for r in (self.load(k) for k in self.keys()) if r is not None]
+
+
+class FinishedStore:
+    """Final accounting of finished jobs, one JSON file per job, pruned to the newest `keep`."""
+
+    def __init__(self, directory: str, keep: int = 10000):
+        self.dir = directory
+        self.keep = keep
+        os.makedirs(self.dir, mode=0o755, exist_ok=True)
+
+    def save(self, key: str, summary: dict) -> str:
+        name = f"{int(summary.get('ended', time.time()) * 1000)}-{key}.json"
+        _atomic_write(os.path.join(self.dir, name), json.dumps(summary, sort_keys=True))
+        self._prune()
+        return name
+
+    def _prune(self) -> None:
+        names = sorted(n for n in os.listdir(self.dir) if n.endswith(".json"))
+        for n in names[: max(0, len(names) - self.keep)]:
+            try:
+                os.unlink(os.path.join(self.dir, n))
+            except FileNotFoundError:
+                pass
+
+    def all(self) -> list[dict]:
+        out = []
+        for n in sorted(os.listdir(self.dir)):
+            if n.endswith(".json"):
+                try:
+                    with open(os.path.join(self.dir, n)) as f:
+                        out.append(json.load(f))
+                except (OSError, ValueError):
+                    continue
+        return out
+
+    def latest_for_key(self, key: str) -> dict | None:
+        names = sorted(n for n in os.listdir(self.dir) if n.endswith(f"-{key}.json"))
+        if not names:
+            return None
+        try:
+            with open(os.path.join(self.dir, names[-1])) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None

@@ -1,0 +1,21 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="lark",
+    version="0.1.0",
+    description="Per-job network namespaces, policy, shaping and accounting for HTCondor",
+    packages=find_packages(include=["lark", "lark.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "pyroute2>=0.9,<0.10",
+        "htcondor>=24.0",
+    ],
+    extras_require={"test": ["pytest", "hypothesis"]},
+    entry_points={
+        "console_scripts": [
+            "larkd=lark.daemon:main",
+            "lark=lark.cli:main",
+            "lark-job-wrapper=lark.wrapper:main",
+        ]
+    },
+)

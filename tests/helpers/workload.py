@@ -1,0 +1,63 @@
+"""Workloads a test job runs (as an unprivileged user, inside its own network namespace)."""
+import json
+import os
+import socket
+import sys
+import time
+import urllib.request
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "download":
+        with urllib.request.urlopen(args[0], timeout=20) as r:
+            n = 0
+            while True:
+                chunk = r.read(1 << 16)
+                if not chunk:
+                    break
+                n += len(chunk)
+        print(json.dumps({"downloaded": n}))
+    elif cmd == "upload":
+        size = int(args[2])
+        with socket.create_connection((args[0], int(args[1])), timeout=10) as s:
+            buf = b"x" * 65536
+            sent = 0
+            while sent < size:
+                sent += s.send(buf[: min(len(buf), size - sent)])
+            s.shutdown(socket.SHUT_WR)
+            reply = s.recv(100).decode().strip()
+        print(json.dumps({"uploaded": sent, "server_counted": int(reply)}))
+    elif cmd == "whoami":
+        with socket.create_connection((args[0], int(args[1])), timeout=5) as s:
+            print(json.dumps({"seen_as": s.recv(100).decode().strip()}))
+    elif cmd == "connect":
+        try:
+            socket.create_connection((args[0], int(args[1])), timeout=float(args[2]) if len(args) > 2 else 2).close()
+            print(json.dumps({"connected": True}))
+        except OSError as e:
+            print(json.dumps({"connected": False, "error": str(e)}))
+    elif cmd == "listen":
+        port = int(os.environ.get("LARK_INBOUND_PORT", args[0] if args else "9000"))
+        srv = socket.create_server(("0.0.0.0", port))
+        srv.settimeout(float(args[1]) if len(args) > 1 else 10)
+        print(json.dumps({"listening": port}), flush=True)
+        try:
+            c, _ = srv.accept()
+            c.sendall(b"hello from job\n")
+            c.close()
+        except socket.timeout:
+            pass
+    elif cmd == "env":
+        print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("LARK_")}))
+    elif cmd == "links":
+        print(json.dumps(sorted(n for _, n in socket.if_nameindex())))
+    elif cmd == "sleep":
+        time.sleep(float(args[0]))
+        print(json.dumps({"slept": float(args[0])}))
+    else:
+        sys.exit(f"unknown workload {cmd}")
+
+
+if __name__ == "__main__":
+    main()
