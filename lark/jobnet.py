@@ -111,7 +111,14 @@ class JobNetworker:
             log.warning("final counter reading of %s failed: %s", key, e)
         self.fw.remove_job(n)
         with IPRoute() as ipr:
+            link = links.link_stats(ipr, n.host_if)
             links.delete_link(ipr, n.host_if)
+        if summary is not None and link:
+            # The device's own view, for cross-checking the netfilter counters: host-side tx = toward the job.
+            summary["link_bytes_in"] = link["tx_bytes"]
+            summary["link_packets_in"] = link["tx_packets"]
+            summary["link_bytes_out"] = link["rx_bytes"]
+            summary["link_packets_out"] = link["rx_packets"]
         nsutil.detach(self.netns_path(key))
         self.addresses.release(key)
         self.ports.release(key)
