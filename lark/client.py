@@ -46,6 +46,9 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
             buf += chunk
     except socket.timeout:
         raise LarkError(f"larkd did not answer within {timeout:g} s", obj=path, fix="check larkd's log") from None
+    except OSError as e:
+        raise LarkError(f"connection to larkd lost ({e.strerror or e})", obj=path,
+                        fix="larkd may have died; check its log and restart it") from None
     finally:
         s.close()
     if not buf:
