@@ -73,7 +73,7 @@ class Config:
         def bad(key: str, why: str, fix: str) -> LarkError:
             return LarkError(why, obj=f"config key {key!r}", fix=fix)
 
-        if not IFNAME_RE.match(self.uplink):
+        if not IFNAME_RE.fullmatch(self.uplink):
             raise bad("uplink", f"{self.uplink!r} is not a valid interface name", "use the name `ip link` shows")
         try:
             net = ipaddress.IPv4Network(self.subnet)
@@ -85,9 +85,9 @@ class Config:
             raise bad("firewall", f"unknown backend {self.firewall!r}", "use nftables or iptables")
         if self.ad_source not in ("startd", "files"):
             raise bad("ad_source", f"unknown ad source {self.ad_source!r}", "use startd or files")
-        if not re.match(r"^[A-Za-z][A-Za-z0-9_]{0,31}$", self.nft_table):
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", self.nft_table):
             raise bad("nft_table", f"{self.nft_table!r} is not a safe table name", "letters, digits, _")
-        if not re.match(r"^[A-Za-z0-9_.-]{1,40}$", self.netns_prefix):
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", self.netns_prefix):
             raise bad("netns_prefix", f"{self.netns_prefix!r} is not a safe name prefix", "letters, digits, _.-")
         try:
             lo, hi = self.port_range

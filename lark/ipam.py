@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import threading
 from typing import Callable, Iterable, Iterator
 
 from .errors import LarkError
@@ -48,7 +49,7 @@ class LockPool:
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(owner)
-            tmp = self._path(".last.tmp")
+            tmp = self._path(f".last.tmp.{os.getpid()}.{threading.get_ident()}")
             with open(tmp, "w") as f:
                 f.write(item)
             os.replace(tmp, self._path(".last"))

@@ -18,10 +18,10 @@ def job_key(slot: str) -> str:
     Slot names come from the starter's command line (root-owned), but are still treated as untrusted text:
     anything outside [A-Za-z0-9_] or longer than 12 characters is replaced by a hash.
     """
-    if not SLOT_RE.match(slot or ""):
+    if not SLOT_RE.fullmatch(slot or ""):
         raise LarkError(f"slot name {slot!r} is not valid", obj="starter command line",
                         fix="slot names are letters, digits and _.@-")
-    if _SAFE.match(slot):
+    if _SAFE.fullmatch(slot):
         return slot
     return "h" + hashlib.sha256(slot.encode()).hexdigest()[:11]
 

@@ -164,13 +164,13 @@ def as_vlan(v: Any, attr: str) -> int | str:
         if 1 <= v <= 4094:
             return v
         raise LarkError("is not a VLAN id in 1-4094", fix="use 1-4094")
-    if isinstance(v, str) and VLAN_NAME_RE.match(v):
+    if isinstance(v, str) and VLAN_NAME_RE.fullmatch(v):
         return int(v) if v.isdigit() and 1 <= int(v) <= 4094 else v
     raise LarkError("is not a VLAN id or a safe VLAN name", fix="names are letters, digits, _.- up to 64")
 
 
 def as_ifname(v: Any, attr: str) -> str:
-    if isinstance(v, str) and IFNAME_RE.match(v):
+    if isinstance(v, str) and IFNAME_RE.fullmatch(v):
         return v
     raise LarkError("is not a valid interface name", fix="1-15 letters, digits, _.-")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -35,7 +36,7 @@ class JobRecord:
 
 
 def _atomic_write(path: str, data: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w") as f:
         f.write(data)
     os.replace(tmp, path)

@@ -50,7 +50,7 @@ def sweep(net: JobNetworker, keep: set[str], dry_run: bool = False) -> list[str]
         actions.append(f"{key}: " + ", ".join(whats))
         if not dry_run:
             log.warning("removing orphaned objects of %s: %s", key, ", ".join(whats))
-            if SAFE_KEY.match(key):
+            if SAFE_KEY.fullmatch(key):
                 net.teardown(key, "orphaned")
             # Locks whose owner key is not a valid name cannot be found by teardown; drop them by item.
             for pool in (net.addresses, net.ports):

@@ -1,0 +1,57 @@
+import pytest
+
+from lark import config
+from lark.errors import LarkError
+from lark.names import JobNames, job_key, key_from_host_if
+
+
+def test_defaults_are_valid():
+    cfg = config.Config().validate()
+    assert str(cfg.gateway) == "10.213.0.1"
+    assert cfg.port_range == (20000, 20999)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("uplink", "eth0; rm -rf /", "not a valid interface name"),
+    ("subnet", "10.0.0.0/31", "too small"),
+    ("subnet", "banana", "subnet"),
+    ("firewall", "pf", "unknown backend"),
+    ("nft_table", "lark; flush ruleset", "safe table name"),
+    ("inbound_ports", "9-2", "out of 1-65535"),
+    ("inbound_ports", "a-b", "not a range"),
+])
+def test_bad_config_is_named(key, value, needle):
+    with pytest.raises(LarkError) as e:
+        config.Config(**{key: value}).validate()
+    assert needle in str(e.value) and key in str(e.value)
+
+
+def test_toml_roundtrip_and_unknown_key(tmp_path):
+    cfg = config.Config(uplink="up0", poll_interval=0.5, starter_paths=["/x/starter"])
+    p = tmp_path / "c.toml"
+    p.write_text(config.dump(cfg))
+    assert config.load(str(p)) == cfg
+    p.write_text("[daemon]\nsockett = 1\n")
+    with pytest.raises(LarkError, match="unknown key daemon.sockett"):
+        config.load(str(p))
+    p.write_text("[daemon\n")
+    with pytest.raises(LarkError, match="not valid TOML"):
+        config.load(str(p))
+
+
+def test_job_key_is_safe_for_kernel_names():
+    assert job_key("slot1_2") == "slot1_2"
+    long = job_key("slot1_2@very.long.host.name")
+    assert long.startswith("h") and len(long) == 12 and long.isalnum()
+    assert job_key("slot1_2@very.long.host.name") == long  # stable
+    n = JobNames(long)
+    assert len(n.host_if) <= 15 and key_from_host_if(n.host_if) == long
+    for bad in ("", "a/b", "x" * 200, "slot1;reboot", "eth0\n"):
+        with pytest.raises(LarkError):
+            job_key(bad)
+
+
+@pytest.mark.parametrize("name", ["eth0\n", "up0\n; reboot", "a" * 16, "", "br0 eth1", "../x"])
+def test_trailing_newline_and_hostile_interface_names_rejected(name):
+    with pytest.raises(LarkError, match="uplink"):
+        config.Config(uplink=name).validate()

@@ -1,0 +1,77 @@
+import threading
+
+import pytest
+
+from lark.errors import LarkError
+from lark.ipam import address_pool, port_pool
+from lark.state import FinishedStore, JobRecord, RecordStore
+
+
+def test_pool_skips_network_gateway_broadcast(tmp_path):
+    pool = address_pool(str(tmp_path), "10.9.0.0/29")
+    got = [pool.reserve(f"k{i}") for i in range(5)]
+    assert got == [f"10.9.0.{i}" for i in range(2, 7)]
+    with pytest.raises(LarkError, match="no free IPv4 addresses"):
+        pool.reserve("k9", job="3.0")
+
+
+def test_reserve_is_idempotent_per_owner_and_release_frees(tmp_path):
+    pool = address_pool(str(tmp_path), "10.9.0.0/29")
+    a = pool.reserve("k1")
+    assert pool.reserve("k1") == a
+    assert pool.release("k1") == [a]
+    assert pool.release("k1") == []
+    assert pool.owned_by("k1") == []
+
+
+def test_concurrent_reservations_never_collide(tmp_path):
+    pool = address_pool(str(tmp_path), "10.9.0.0/24")
+    out, errors = [], []
+
+    def worker(i):
+        try:
+            out.append(pool.reserve(f"k{i}"))
+        except Exception as e:  # pragma: no cover - the assertion below reports it
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(set(out)) == 64
+
+
+def test_port_pool(tmp_path):
+    pool = port_pool(str(tmp_path), 20000, 20001)
+    assert {pool.reserve("a"), pool.reserve("b")} == {"20000", "20001"}
+    with pytest.raises(LarkError, match="inbound ports"):
+        pool.reserve("c")
+
+
+def _rec(key="slot1"):
+    return JobRecord(key=key, slot=key, job_id="1.0", starter_pid=1, starter_start=2, job_pid=3, netns_inode=4,
+                     netns=f"lark-{key}", host_if=f"lk-{key}", plan={"ipv4": "10.0.0.2"})
+
+
+def test_records_roundtrip_steps_and_corrupt_file(tmp_path):
+    store = RecordStore(str(tmp_path))
+    r = _rec()
+    store.save(r)
+    store.step(r, "netns")
+    assert store.load("slot1").steps == ["netns"]
+    (tmp_path / "bad.json").write_text("{not json")
+    assert store.load("bad") is None
+    assert {x.key for x in store.all()} == {"slot1"}
+    store.delete("slot1")
+    store.delete("slot1")
+    assert store.keys() == ["bad"]
+
+
+def test_finished_store_prunes_and_finds_latest(tmp_path):
+    fs = FinishedStore(str(tmp_path), keep=3)
+    for i in range(5):
+        fs.save("slot1" if i % 2 == 0 else "slot2", {"ended": 1000 + i, "n": i})
+    assert len(fs.all()) == 3
+    assert fs.latest_for_key("slot1")["n"] == 4
+    assert fs.latest_for_key("slot9") is None
