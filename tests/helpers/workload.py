@@ -18,6 +18,13 @@ def main():
                     break
                 n += len(chunk)
         print(json.dumps({"downloaded": n}))
+    elif cmd == "download-for":
+        end, n, rounds = time.time() + float(args[1]), 0, 0
+        while time.time() < end:
+            with urllib.request.urlopen(args[0], timeout=20) as r:
+                n += len(r.read())
+            rounds += 1
+        print(json.dumps({"downloaded": n, "rounds": rounds}))
     elif cmd == "upload":
         size = int(args[2])
         with socket.create_connection((args[0], int(args[1])), timeout=10) as s:

@@ -1,0 +1,38 @@
+# Everything runs as root on Debian 12: the targets install what they need.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-switch iperf3 \
+                containernetworking-plugins gcc libc6-dev python3 python3-venv ca-certificates
+
+.PHONY: deps test unit integration demo bench clean
+
+deps: $(VENV)/.installed
+
+$(VENV)/.installed: setup.py
+	@command -v nft >/dev/null && command -v iptables >/dev/null && command -v gcc >/dev/null \
+	  && command -v dnsmasq >/dev/null && test -x /usr/lib/cni/bridge && test -x /usr/bin/python3 \
+	  && $(PY) -m venv --help >/dev/null 2>&1 \
+	  || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES))
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[test]'
+	touch $@
+
+test: deps
+	$(VPY) -m pytest -q -p no:cacheprovider tests
+
+unit: deps
+	$(VPY) -m pytest -q -p no:cacheprovider tests/unit
+
+integration: deps
+	$(VPY) -m pytest -q -p no:cacheprovider tests/integration
+
+demo: deps
+	$(VPY) demo/fake_ep_demo.py
+
+bench: deps
+	$(VPY) bench/setup_latency.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

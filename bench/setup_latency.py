@@ -1,0 +1,148 @@
+"""Per-job network setup/teardown latency: Lark vs the CNI chain a Kubernetes/Podman node would use.
+
+Runs inside a private "host" netns (made here, removed at the end). Each job is a process in an empty netns
+(`unshare -n`), as HTCondor's NO_JOB_NETWORKING makes it. Lark: the same JobNetworker code larkd runs
+(netns name + veth + address + NAT + counters). CNI: Debian's containernetworking-plugins, bridge + host-local
+with ipMasq (no bandwidth plugin: no limits are set in this run). Prints a table, then one summary line.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+N_SEQ = int(os.environ.get("BENCH_N", "50"))
+N_CONC = 16
+CNI_PATH = "/usr/lib/cni"
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def spawn_jobs(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen(["unshare", "--net", "sleep", "600"]) for _ in range(n)]
+
+
+def wait_unshared(procs):
+    me = os.stat("/proc/self/ns/net").st_ino
+    for p in procs:
+        while os.stat(f"/proc/{p.pid}/ns/net").st_ino == me:
+            time.sleep(0.001)
+
+
+def lark_runner(tmp: str):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from lark.accounting import Accountant
+    from lark.config import Config
+    from lark.firewall import make_firewall
+    from lark.jobnet import JobNetworker
+    from lark.plan import NetworkPlan
+    from lark.state import FinishedStore, RecordStore
+    from lark import nsutil
+
+    cfg = Config(run_dir=f"{tmp}/run", state_dir=f"{tmp}/state", netns_prefix=f"lark-b{secrets.token_hex(2)}-",
+                 uplink="up0", subnet="10.214.0.0/22").validate()
+    fw = make_firewall(cfg)
+    fw.ensure_base()
+    nsutil.ensure_netns_dir(cfg.netns_dir)
+    net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
+                       FinishedStore(f"{tmp}/state/finished"))
+
+    def setup(i: int, pid: int) -> float:
+        key = f"b{i}"
+        plan = NetworkPlan(job_id=f"{i}.0", slot=key, key=key)
+        t = time.perf_counter()
+        net.setup(plan, os.getpid(), 0, pid, nsutil.netns_inode_of_pid(pid))
+        return (time.perf_counter() - t) * 1000
+
+    def teardown(i: int) -> float:
+        t = time.perf_counter()
+        net.teardown(f"b{i}", "bench")
+        return (time.perf_counter() - t) * 1000
+
+    return setup, teardown, fw
+
+
+def cni_runner(tmp: str):
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "benchnet", "type": "bridge", "bridge": "cnibr0",
+                       "isGateway": True, "ipMasq": True,
+                       "ipam": {"type": "host-local", "subnet": "10.215.0.0/22", "dataDir": f"{tmp}/cni-ipam"}})
+
+    def call(cmd: str, i: int, pid: int) -> float:
+        env = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": f"bench{i}", "CNI_NETNS": f"/proc/{pid}/ns/net",
+               "CNI_IFNAME": "eth0", "CNI_PATH": CNI_PATH, "PATH": os.environ["PATH"]}
+        t = time.perf_counter()
+        cp = subprocess.run([f"{CNI_PATH}/bridge"], input=conf, env=env, capture_output=True, text=True)
+        if cp.returncode != 0:
+            raise RuntimeError(f"CNI {cmd} failed: {cp.stdout} {cp.stderr}")
+        return (time.perf_counter() - t) * 1000
+
+    return (lambda i, pid: call("ADD", i, pid)), (lambda i, pid: call("DEL", i, pid))
+
+
+def inner() -> None:
+    tmp = tempfile.mkdtemp(prefix="lark-bench-")
+    setup, teardown, fw = lark_runner(tmp)
+    cni_add, cni_del = cni_runner(tmp)
+    rows = []
+    # Lark sequential
+    procs = spawn_jobs(N_SEQ)
+    wait_unshared(procs)
+    s_seq = [setup(i, p.pid) for i, p in enumerate(procs)]
+    t_seq = [teardown(i) for i in range(N_SEQ)]
+    for p in procs:
+        p.kill(); p.wait()
+    # Lark concurrent
+    procs = spawn_jobs(N_CONC)
+    wait_unshared(procs)
+    with concurrent.futures.ThreadPoolExecutor(N_CONC) as ex:
+        s_conc = list(ex.map(lambda a: setup(*a), [(100 + i, p.pid) for i, p in enumerate(procs)]))
+        t_conc = list(ex.map(teardown, [100 + i for i in range(N_CONC)]))
+    for p in procs:
+        p.kill(); p.wait()
+    # CNI sequential
+    procs = spawn_jobs(N_SEQ)
+    wait_unshared(procs)
+    c_seq = [cni_add(i, p.pid) for i, p in enumerate(procs)]
+    c_del = [cni_del(i, p.pid) for i, p in enumerate(procs)]
+    for p in procs:
+        p.kill(); p.wait()
+    fw.destroy_base()
+    for name, xs in (("lark setup, sequential", s_seq), ("lark teardown, sequential", t_seq),
+                     (f"lark setup, {N_CONC} concurrent", s_conc), (f"lark teardown, {N_CONC} concurrent", t_conc),
+                     ("cni bridge+host-local ADD, sequential", c_seq), ("cni DEL, sequential", c_del)):
+        rows.append((name, len(xs), statistics.median(xs), pct(xs, 99), max(xs)))
+    print(f"{'measurement':<40} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for r in rows:
+        print(f"{r[0]:<40} {r[1]:>4} {r[2]:>8.1f} {r[3]:>8.1f} {r[4]:>8.1f}")
+    p50 = statistics.median(s_seq)
+    print(f"setup_p50_ms={p50:.1f} setup_p99_ms={pct(s_seq, 99):.1f} teardown_p50_ms={statistics.median(t_seq):.1f} "
+          f"cni_p50_ms={statistics.median(c_seq):.1f} speedup={statistics.median(c_seq) / p50:.2f}")
+    subprocess.run(["rm", "-rf", tmp])
+
+
+def main() -> int:
+    if "--inner" in sys.argv:
+        inner()
+        return 0
+    ns = f"lark-bench-host-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "add", "up0", "type", "veth", "peer", "name", "up0p"], check=True)
+        subprocess.run(["ip", "-n", ns, "link", "set", "up0", "up"], check=True)
+        return subprocess.run(["nsenter", f"--net=/run/netns/{ns}", sys.executable, __file__, "--inner"]).returncode
+    finally:
+        subprocess.run(["ip", "netns", "del", ns])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
