@@ -78,7 +78,7 @@ class LockPool:
             return []
         out = []
         for name in names:
-            if name.startswith("."):
+            if name.startswith(".") or ".tmp." in name:
                 continue
             try:
                 with open(self._path(name)) as f:

@@ -35,6 +35,28 @@ class JobRecord:
     error: str = ""
 
 
+def remove_stale_temps(directory: str) -> list[str]:
+    """Temp files of writers that died between write and rename (`<name>.tmp.<pid>.<thread>`)."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        _, sep, tail = name.partition(".tmp.")
+        if not sep:
+            continue
+        pid = tail.split(".")[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}")):
+            continue  # a live writer (this daemon's own threads included) is mid-write
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
+
+
 def _atomic_write(path: str, data: str) -> None:
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "w") as f:

@@ -9,6 +9,7 @@ from pyroute2 import IPRoute
 from . import links, nsutil, peer
 from .jobnet import JobNetworker
 from .names import HOST_IF_PREFIX, key_from_host_if
+from .state import remove_stale_temps
 
 log = logging.getLogger(__name__)
 SAFE_KEY = re.compile(r"^[A-Za-z0-9_]{1,32}$")
@@ -44,8 +45,15 @@ def find_orphans(net: JobNetworker, keep: set[str]) -> dict[str, list[str]]:
     return found
 
 
+def sweep_temps(net: JobNetworker, dry_run: bool) -> list[str]:
+    dirs = [net.records.dir, net.addresses.dir, net.ports.dir]
+    if dry_run:
+        return []
+    return [f"stale temp file {name}" for d in dirs for name in remove_stale_temps(d)]
+
+
 def sweep(net: JobNetworker, keep: set[str], dry_run: bool = False) -> list[str]:
-    actions = []
+    actions = sweep_temps(net, dry_run)
     for key, whats in sorted(find_orphans(net, keep).items()):
         actions.append(f"{key}: " + ", ".join(whats))
         if not dry_run:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import time
 
-from helpers.fakehost import WORLD_IP, sh
+from helpers.fakehost import JOB_PY, PY, WORLD_IP, sh
 
 EMPTY = {"netns": [], "links": [], "fw": [], "elements": [], "locks": [], "records": []}
 
@@ -88,7 +88,7 @@ def test_job_in_host_namespace_refused(host):
 
 
 def test_process_not_under_a_starter_refused(host):
-    cp = sh(host.in_host(["unshare", "--net", "env", f"LARK_SOCKET={host.cfg.socket}", "python3", "-m",
+    cp = sh(host.in_host(["unshare", "--net", "env", f"LARK_SOCKET={host.cfg.socket}", PY, "-m",
                           "lark.wrapper", "true"]), check=False)
     assert cp.returncode == 111 and "does not descend from a configured starter" in cp.stderr, cp.stderr
     assert ping(host)
@@ -113,7 +113,7 @@ def test_garbage_oversized_and_wrong_version_refused(host):
     assert big == {} or "larger than" in big["error"]
     assert ping(host)
     # Only root may list every job or sweep.
-    cp = sh(host.in_host(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "python3", "-c",
+    cp = sh(host.in_host(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", JOB_PY, "-c",
                           "import json,socket,sys;s=socket.socket(socket.AF_UNIX);s.connect(sys.argv[1]);"
                           "s.sendall(b'{\"lark\":1,\"op\":\"status\"}\\n');print(s.recv(9999).decode())",
                           host.cfg.socket]), check=False)
