@@ -2,7 +2,8 @@
 
 `files`: ads in a root-owned directory (<ad_dir>/<slot>.job.ad and <slot>.machine.ad) written by something
 root runs, never the job's sandbox copies (the job's user can edit those). Used by the test harness and by
-sites that publish ads from a root hook. The HTCondor integration reads the claimed slot from the startd.
+sites that publish ads from a root hook. Reading the claimed slot from the local startd (htcondor2) is the
+HTCondor integration's job and not built yet.
 """
 from __future__ import annotations
 
@@ -38,8 +39,5 @@ class FileAdSource:
         return job, machine
 
 
-def make_ad_source(cfg):
-    if cfg.ad_source == "files":
-        return FileAdSource(cfg.ad_dir)
-    from .startd import StartdAdSource
-    return StartdAdSource(cfg)
+def make_ad_source(cfg) -> FileAdSource:
+    return FileAdSource(cfg.ad_dir)
