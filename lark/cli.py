@@ -82,6 +82,30 @@ def _offline_gc(args) -> list[str]:
         os.close(lock)
 
 
+def cmd_policy_explain(args) -> int:
+    from .classads import read_ad
+    from .config import Config
+    from .names import job_key
+    from .policy import decide
+
+    cfg = load(args.config) if args.config else Config()
+    if args.callout is not None:
+        cfg.callout = args.callout
+    plan = decide(read_ad(args.job), read_ad(args.machine), cfg, args.slot, job_key(args.slot))
+    fields = ["network_type", "inbound", "outbound", "accounting", "ip_protocol", "address_type",
+              "request_bandwidth_mbit", "vlan"]
+    sources = {"ip_protocol": "ip_protocol", "vlan": "vlan"}
+    if args.json:
+        print(json.dumps({"plan": {f: getattr(plan, f) for f in fields}, "decided_by": plan.decided_by},
+                         indent=2, sort_keys=True))
+        return 0
+    print(f"job {plan.job_id} on {args.slot}:")
+    print(f"{'field':<24} {'value':<10} decided by")
+    for f in fields:
+        print(f"{f:<24} {str(getattr(plan, f)):<10} {plan.decided_by.get(sources.get(f, f), '')}")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from . import doctor
     cfg = load(args.config)
@@ -105,11 +129,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="only list what would be removed")
     p.add_argument("--purge", action="store_true", help="with larkd stopped and no jobs: also remove base rules")
     p.set_defaults(func=cmd_gc)
+    p = sub.add_parser("policy", help="network policy tools")
+    psub = p.add_subparsers(dest="policy_cmd", required=True)
+    e = psub.add_parser("explain", help="the plan a job would get on a machine, and what decided each field")
+    e.add_argument("--job", required=True, help="job ad: .job.ad, condor_q -l output, old or new format")
+    e.add_argument("--machine", required=True, help="machine/slot ad: .machine.ad, condor_status -l output")
+    e.add_argument("--slot", default="slot1")
+    e.add_argument("--callout", help="run this callout (default: the one in the config)")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_policy_explain)
     p = sub.add_parser("doctor", help="kernel and tool features Lark needs or can use")
     p.set_defaults(func=cmd_doctor)
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="lark: %(levelname)s %(message)s")
-    if args.socket is None and args.config:
+    if args.socket is None and args.config and args.cmd != "policy":
         args.socket = load(args.config).socket
     try:
         return args.func(args)

@@ -90,8 +90,10 @@ def evaluate(my: classad2.ClassAd, target: classad2.ClassAd, attr: str) -> tuple
 
 
 class _Decider:
-    def __init__(self, job: classad2.ClassAd, machine: classad2.ClassAd, job_id: str):
+    def __init__(self, job: classad2.ClassAd, machine: classad2.ClassAd, job_id: str,
+                 overridden: set[str] = frozenset(), callout: str = ""):
         self.job, self.machine, self.job_id = job, machine, job_id
+        self.overridden, self.callout = overridden, callout
         self.decided_by: dict[str, str] = {}
 
     def _get(self, side: str, attr: str, default: Any, check: Callable[[Any, str], Any], field: str) -> Any:
@@ -101,6 +103,8 @@ class _Decider:
             self.decided_by.setdefault(field, f"default ({_show(default)})")
             return default
         where = f"{side} attribute {attr} = {src[:200]}"
+        if side == "machine" and attr in self.overridden:
+            where = f"callout {self.callout}: {attr} = {src[:200]}"
         try:
             out = check(value, attr)
         except LarkError as e:
@@ -188,10 +192,17 @@ def _string_or_empty(ad: classad2.ClassAd, attr: str) -> str:
 
 
 def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: str, key: str) -> NetworkPlan:
+    """Evaluate the policy; with `cfg.callout` set, its output overrides machine attributes first."""
     job_id = job_id_of(job)
     explicit = {a.name for a in JOB_ATTRS if a.name in job}
     job = with_job_defaults(job)
-    d = _Decider(job, machine, job_id)
+    overridden: set[str] = set()
+    if cfg.callout:
+        from .callout import apply_overrides, run_callout
+        overrides = run_callout(cfg.callout, job, machine, cfg.callout_timeout, job_id)
+        overridden = set(overrides.keys())
+        machine = apply_overrides(machine, overrides)
+    d = _Decider(job, machine, job_id, overridden, cfg.callout)
     inbound = d.job_attr("InboundConnectivity", False, as_bool, "inbound")
     outbound = d.job_attr("OutboundConnectivity", True, as_bool, "outbound")
     want_acct = d.job_attr("NetworkAccounting", True, as_bool, "accounting")
@@ -221,9 +232,13 @@ def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: 
         raise LarkError(f"job wants {'+'.join(sorted(job_proto))} but the machine offers "
                         f"{'+'.join(sorted(machine_proto))}", job=job_id, obj="IPProtocol",
                         fix="add `Requirements = TARGET.IPProtocol == MY.IPProtocol` so such jobs do not match here")
-    if requested_vlan is not None and vlan is not None and requested_vlan != vlan:
+    # A callout that sets VLAN has resolved the job's request (e.g. a name to an id): its answer stands.
+    if requested_vlan is not None and vlan is not None and requested_vlan != vlan and "VLAN" not in overridden:
         raise LarkError(f"job requested VLAN {requested_vlan!r} but the machine decided {vlan!r}", job=job_id,
                         obj="RequestedVLAN", fix="use the mutual VLAN Requirements in policies/vlan.ad")
+    if requested_vlan is not None and vlan is None and network_type != "none":
+        raise LarkError(f"job requested VLAN {requested_vlan!r} but this machine has no VLAN", job=job_id,
+                        obj="RequestedVLAN", fix="use the mutual VLAN Requirements in policies/vlan_machine.ad")
     if isinstance(vlan, str):
         raise LarkError(f"VLAN {vlan!r} is a name, not an id", job=job_id, obj="VLAN",
                         fix="configure a callout that maps VLAN names to ids (callouts/vlan_by_name.py)")
