@@ -10,7 +10,7 @@ import ipaddress
 import logging
 import os
 import threading
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
 from .errors import LarkError
 
@@ -18,9 +18,9 @@ log = logging.getLogger(__name__)
 
 
 class LockPool:
-    def __init__(self, directory: str, items: Callable[[], Iterator[str]], size: int, what: str):
+    def __init__(self, directory: str, item_at: Callable[[int], str], size: int, what: str):
         self.dir = directory
-        self._items = items
+        self._item_at = item_at      # i-th item of the pool: computed, not listed (pools can be a /16)
         self.size = size
         self.what = what
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
@@ -28,21 +28,20 @@ class LockPool:
     def _path(self, item: str) -> str:
         return os.path.join(self.dir, item)
 
-    def _hint(self) -> str | None:
+    def _hint(self) -> int:
         try:
             with open(self._path(".last")) as f:
-                return f.read().strip()
-        except OSError:
-            return None
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return -1
 
     def reserve(self, owner: str, job: str | None = None) -> str:
-        existing = self.owned_by(owner)
-        if existing:
-            return existing[0]
-        items = list(self._items())
-        hint = self._hint()
-        start = items.index(hint) + 1 if hint in items else 0
-        for item in items[start:] + items[:start]:
+        # No scan for an existing reservation of `owner`: reading every lock costs milliseconds per setup with
+        # many jobs, and an owner's locks are always released (teardown) before it reserves again.
+        start = self._hint() + 1
+        for n in range(self.size):
+            i = (start + n) % self.size
+            item = self._item_at(i)
             try:
                 fd = os.open(self._path(item), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             except FileExistsError:
@@ -51,7 +50,7 @@ class LockPool:
                 f.write(owner)
             tmp = self._path(f".last.tmp.{os.getpid()}.{threading.get_ident()}")
             with open(tmp, "w") as f:
-                f.write(item)
+                f.write(str(i))
             os.replace(tmp, self._path(".last"))
             return item
         raise LarkError(f"no free {self.what} left ({self.size} in the pool, all reserved)", job=job,
@@ -96,17 +95,15 @@ class LockPool:
 
 def address_pool(ipam_dir: str, subnet: str) -> LockPool:
     net = ipaddress.IPv4Network(subnet)
-    gateway = net.network_address + 1
+    first = int(net.network_address) + 2          # .0 is the network, .1 the gateway
+    size = max(net.num_addresses - 3, 0)          # ... and the last one is broadcast
 
-    def items() -> Iterator[str]:
-        for host in net.hosts():
-            if host != gateway:
-                yield str(host)
+    def item_at(i: int) -> str:
+        return str(ipaddress.IPv4Address(first + i))
 
-    size = max(net.num_addresses - 3, 0)
-    return LockPool(os.path.join(ipam_dir, str(net).replace("/", "_")), items, size, "IPv4 addresses")
+    return LockPool(os.path.join(ipam_dir, str(net).replace("/", "_")), item_at, size, "IPv4 addresses")
 
 
 def port_pool(ipam_dir: str, lo: int, hi: int) -> LockPool:
-    return LockPool(os.path.join(ipam_dir, f"ports_{lo}-{hi}"), lambda: (str(p) for p in range(lo, hi + 1)),
-                    hi - lo + 1, "inbound ports")
+    return LockPool(os.path.join(ipam_dir, f"ports_{lo}-{hi}"), lambda i: str(lo + i), hi - lo + 1,
+                    "inbound ports")

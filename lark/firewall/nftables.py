@@ -9,6 +9,7 @@ import json
 import logging
 
 from ..errors import LarkError
+from . import libnft
 from ..names import HOST_IF_PREFIX, JobNames
 from ..plan import NetworkPlan
 from .base import Counters, Firewall, run_tool
@@ -35,16 +36,26 @@ class NftablesFirewall(Firewall):
         self.t = {"family": "inet", "table": self.table}
 
     # -- plumbing -------------------------------------------------------------------------------------
+    def _nft(self, argv: list[str], payload: str, what: str) -> tuple[int, str, str]:
+        lib = libnft.get()
+        if lib is not None:
+            return lib.run(payload)
+        cp = run_tool(["nft", "-j", *argv], input=payload if argv == ["-f", "-"] else None, what=what,
+                      check=False)
+        return cp.returncode, cp.stdout, cp.stderr
+
     def _apply(self, cmds: list[dict], what: str) -> None:
-        run_tool(["nft", "-j", "-f", "-"], input=json.dumps({"nftables": cmds}), what=what)
+        rc, _, err = self._nft(["-f", "-"], json.dumps({"nftables": cmds}), what)
+        if rc != 0:
+            raise LarkError(f"nft failed: {err.strip()[:500]}", obj=what)
 
     def _list(self, *what: str) -> list[dict]:
-        cp = run_tool(["nft", "-j", "list", *what], what=f"nft list {' '.join(what)}", check=False)
-        if cp.returncode != 0:
-            if "No such file" in cp.stderr or "does not exist" in cp.stderr:
+        rc, out, err = self._nft(["list", *what], "list " + " ".join(what), f"nft list {' '.join(what)}")
+        if rc != 0:
+            if "No such file" in err or "does not exist" in err:
                 return []
-            raise LarkError(f"nft list failed: {cp.stderr.strip()[:300]}", obj=f"nft table inet {self.table}")
-        return json.loads(cp.stdout).get("nftables", [])
+            raise LarkError(f"nft list failed: {err.strip()[:300]}", obj=f"nft table inet {self.table}")
+        return json.loads(out).get("nftables", []) if out.strip() else []
 
     def _rule(self, chain: str, *expr: dict) -> dict:
         return {"add": {"rule": {**self.t, "chain": chain, "expr": list(expr)}}}

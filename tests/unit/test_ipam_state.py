@@ -15,13 +15,15 @@ def test_pool_skips_network_gateway_broadcast(tmp_path):
         pool.reserve("k9", job="3.0")
 
 
-def test_reserve_is_idempotent_per_owner_and_release_frees(tmp_path):
+def test_release_frees_and_is_safe_to_repeat(tmp_path):
     pool = address_pool(str(tmp_path), "10.9.0.0/29")
     a = pool.reserve("k1")
-    assert pool.reserve("k1") == a
+    assert pool.owned_by("k1") == [a]
     assert pool.release("k1") == [a]
     assert pool.release("k1") == []
     assert pool.owned_by("k1") == []
+    # The pool continues after the last reservation instead of reusing a just-freed address at once.
+    assert pool.reserve("k2") != a
 
 
 def test_concurrent_reservations_never_collide(tmp_path):
