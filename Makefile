@@ -3,9 +3,9 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-switch iperf3 \
-                containernetworking-plugins gcc libc6-dev python3 python3-venv ca-certificates
+                containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates
 
-.PHONY: deps test unit integration demo bench clean
+.PHONY: deps test unit integration e2e testbed demo bench clean
 
 deps: $(VENV)/.installed
 
@@ -20,13 +20,22 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 test: deps
-	$(VPY) -m pytest -q -p no:cacheprovider tests
+	$(VPY) -m pytest -q -p no:cacheprovider tests/unit tests/integration
 
 unit: deps
 	$(VPY) -m pytest -q -p no:cacheprovider tests/unit
 
 integration: deps
 	$(VPY) -m pytest -q -p no:cacheprovider tests/integration
+
+# A real one-machine HTCondor pool in a namespaced chroot (built once into /var/cache/lark-testbed).
+testbed: deps
+	apt-get install -y -q debootstrap >/dev/null
+	$(VPY) testbed/testbed.py up
+
+e2e: deps
+	apt-get install -y -q debootstrap >/dev/null
+	$(VPY) -m pytest -q -p no:cacheprovider tests/e2e
 
 demo: deps
 	$(VPY) demo/fake_ep_demo.py

@@ -16,6 +16,8 @@ setup(
             "larkd=lark.daemon:main",
             "lark=lark.cli:main",
             "lark-job-wrapper=lark.wrapper:main",
+            "lark-starter=lark.starter_wrapper:main",
+            "lark-hook=lark.hooks:main",
         ]
     },
 )

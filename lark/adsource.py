@@ -2,8 +2,7 @@
 
 `files`: ads in a root-owned directory (<ad_dir>/<slot>.job.ad and <slot>.machine.ad) written by something
 root runs, never the job's sandbox copies (the job's user can edit those). Used by the test harness and by
-sites that publish ads from a root hook. Reading the claimed slot from the local startd (htcondor2) is the
-HTCondor integration's job and not built yet.
+sites that publish ads from a root hook. `startd` (lark/startd.py) is what an HTCondor EP uses.
 """
 from __future__ import annotations
 
@@ -30,7 +29,8 @@ class FileAdSource:
                             obj=path, fix="only root may write the ads larkd trusts")
         return read_ad(path)
 
-    def ads(self, slot: str) -> tuple[classad2.ClassAd, classad2.ClassAd]:
+    def ads(self, starter) -> tuple[classad2.ClassAd, classad2.ClassAd]:
+        slot = starter.slot
         job = self._trusted(os.path.join(self.dir, f"{slot}.job.ad"), slot)
         if job is None:
             raise LarkError("no job ad published for this slot", job=f"slot {slot}", obj=self.dir,
@@ -39,5 +39,8 @@ class FileAdSource:
         return job, machine
 
 
-def make_ad_source(cfg) -> FileAdSource:
+def make_ad_source(cfg):
+    if cfg.ad_source == "startd":
+        from .startd import StartdAdSource
+        return StartdAdSource(cfg)
     return FileAdSource(cfg.ad_dir)

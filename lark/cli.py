@@ -106,6 +106,15 @@ def cmd_policy_explain(args) -> int:
     return 0
 
 
+def cmd_detect_bandwidth(args) -> int:
+    from .bandwidth import detect
+    cfg = load(args.config)
+    mbit = detect(args.interface or cfg.uplink, cfg.bandwidth_mbit)
+    # The format HTCondor's MACHINE_RESOURCE_INVENTORY_<name> expects.
+    print(f"DetectedBandwidth = {mbit}")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from . import doctor
     cfg = load(args.config)
@@ -138,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--callout", help="run this callout (default: the one in the config)")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_policy_explain)
+    p = sub.add_parser("detect-bandwidth", help="print DetectedBandwidth = <Mbit/s> of the uplink")
+    p.add_argument("--interface", help="default: uplink from the config")
+    p.set_defaults(func=cmd_detect_bandwidth)
     p = sub.add_parser("doctor", help="kernel and tool features Lark needs or can use")
     p.set_defaults(func=cmd_doctor)
     args = ap.parse_args(argv)

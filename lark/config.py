@@ -24,7 +24,7 @@ class Config:
     netns_dir: str = "/run/netns"
     netns_prefix: str = "lark-"
     starter_paths: list[str] = field(default_factory=lambda: ["/usr/sbin/condor_starter"])
-    ad_source: str = "files"            # root-owned ad_dir; reading the claimed slot from the startd is issue 3
+    ad_source: str = "startd"           # "startd": the local startd and schedd (htcondor2); "files": ad_dir
     ad_dir: str = "/run/lark/ads"
     poll_interval: float = 5.0
     request_timeout: float = 5.0
@@ -43,6 +43,7 @@ class Config:
     inbound_ports: str = "20000-20999"
     enable_ip_forward: bool = True
     default_network_type: str = "nat"
+    bandwidth_mbit: int = 0             # used by detect-bandwidth when the uplink reports no speed
 
     @property
     def records_dir(self) -> str:
@@ -83,8 +84,8 @@ class Config:
             raise bad("subnet", f"{self.subnet} is too small", "use a /30 or larger")
         if self.firewall not in ("nftables", "iptables"):
             raise bad("firewall", f"unknown backend {self.firewall!r}", "use nftables or iptables")
-        if self.ad_source != "files":
-            raise bad("ad_source", f"unknown ad source {self.ad_source!r}", "use files (the only one so far)")
+        if self.ad_source not in ("startd", "files"):
+            raise bad("ad_source", f"unknown ad source {self.ad_source!r}", "use startd or files")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", self.nft_table):
             raise bad("nft_table", f"{self.nft_table!r} is not a safe table name", "letters, digits, _")
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", self.netns_prefix):

@@ -171,6 +171,8 @@ class Larkd:
             if op == "release":
                 summary = await self.release(key, "released on request")
                 return protocol.ok(summary=summary)
+            if msg.get("fresh") and key in self.active:
+                await self.loop.run_in_executor(self.pool, self.acct.poll)
             return protocol.ok(**self.stats(key))
         if who.uid != 0:
             raise LarkError(f"operation {op} is for root only", obj=f"pid {who.pid} uid {who.uid}")
@@ -205,7 +207,7 @@ class Larkd:
                                     job=rec.job_id, obj=f"slot {starter.slot}",
                                     fix="a job gets one network; do not create new network namespaces")
                 await self.loop.run_in_executor(self.pool, self.net.teardown, key, "replaced by a new job")
-            plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter.slot, key)
+            plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
             self.active.add(key)
             try:
                 t0 = time.perf_counter()
@@ -219,9 +221,9 @@ class Larkd:
                      rec.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
             return protocol.ok(plan=rec.plan, env=env_for(rec.plan))
 
-    def plan_for(self, slot: str, key: str):
-        job_ad, machine_ad = self.ads.ads(slot)
-        return decide(job_ad, machine_ad, self.cfg, slot, key)
+    def plan_for(self, starter: peer.StarterInfo, key: str):
+        job_ad, machine_ad = self.ads.ads(starter)
+        return decide(job_ad, machine_ad, self.cfg, starter.slot, key)
 
     # -- main -----------------------------------------------------------------------------------------
     async def serve(self) -> None:

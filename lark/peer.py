@@ -23,6 +23,7 @@ class StarterInfo:
     start: int
     slot: str
     exe: str
+    argv: list[str]
 
 
 def peer_of(sock: socket.socket) -> Peer:
@@ -95,11 +96,12 @@ def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> Sta
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
         if exe in wanted and uid == 0:
-            slot = slot_from_cmdline(cmdline(cur))
+            argv = cmdline(cur)
+            slot = slot_from_cmdline(argv)
             if not slot:
                 raise LarkError("starter command line has no -a <slot>", obj=f"starter pid {cur}",
                                 fix="check STARTER in the HTCondor configuration")
-            return StarterInfo(cur, start_time(cur), slot, exe)
+            return StarterInfo(cur, start_time(cur), slot, exe, argv)
     return None
 
 

@@ -1,0 +1,308 @@
+#!/usr/bin/env python3
+"""The Lark HTCondor testbed: a real one-machine pool (Debian sid's condor + minicondor 25.14.x) in a chroot,
+run as an execution point inside its own network namespace with an uplink to a "world" namespace that holds
+test servers (HTTP files on :8000, iperf3 on :5201). Nothing outside its own namespaces and directory is touched.
+
+  testbed.py build     debootstrap + condor into the cache (reused; a fresh machine builds it in ~1 min)
+  testbed.py install   copy this working tree's Lark into the root (venv with the distro's htcondor2)
+  testbed.py start     namespaces, mounts, world servers, condor_master (which runs larkd); waits for a slot
+  testbed.py stop      everything started, by PID; gc; unmount; namespaces removed. Safe to repeat
+  testbed.py status
+Standard library only: it runs under any python3.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("testbed")
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("LARK_TESTBED_DIR", "/var/cache/lark-testbed"))
+ROOT = CACHE / "root"
+STATE = CACHE / "state.json"
+BUILD_STAMP = ROOT / ".lark-testbed-built"
+MIRROR = os.environ.get("LARK_TESTBED_MIRROR", "http://deb.debian.org/debian")
+PACKAGES = ["condor", "minicondor", "nftables", "iproute2", "util-linux", "procps", "python3-venv", "python3-pip",
+            "iptables", "ca-certificates"]
+APT = ["apt-get", "-o", "Acquire::Check-Valid-Until=false", "-o", "APT::Sandbox::User=root"]
+HOST_NS, WORLD_NS = "lark-tb-host", "lark-tb-world"
+HOST_IP, WORLD_IP = "198.51.100.2", "198.51.100.1"
+USERS = ["alice", "bob", "carol"]
+MOUNTS = [("proc", "proc", ["-t", "proc", "proc"]), ("sys", "sys", ["--rbind", "/sys"]),
+          ("dev", "dev", ["--rbind", "/dev"])]
+
+
+def run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    log.debug("run %s", argv)
+    cp = subprocess.run(argv, capture_output=True, text=True, **kw)
+    if check and cp.returncode != 0:
+        raise SystemExit(f"testbed: {' '.join(argv[:6])} failed ({cp.returncode}): {cp.stderr.strip()[-2000:]}")
+    return cp
+
+
+def in_host(argv: list[str]) -> list[str]:
+    return ["nsenter", f"--net=/run/netns/{HOST_NS}", *argv]
+
+
+def in_root(argv: list[str], user: str | None = None) -> list[str]:
+    """A command inside the chroot, in the EP's network namespace."""
+    pre = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "LANG=C.UTF-8"]
+    if user:
+        pre += [f"HOME=/home/{user}", f"USER={user}"]
+        return in_host(["chroot", f"--userspec={user}:{user}", str(ROOT), *pre, *argv])
+    return in_host(["chroot", str(ROOT), *pre, "HOME=/root", *argv])
+
+
+def load_state() -> dict:
+    try:
+        return json.loads(STATE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_state(s: dict) -> None:
+    STATE.parent.mkdir(parents=True, exist_ok=True)
+    STATE.write_text(json.dumps(s))
+
+
+# -- build --------------------------------------------------------------------------------------------------
+def build() -> None:
+    if BUILD_STAMP.exists():
+        log.info("testbed root cached at %s", ROOT)
+        return
+    tmp = CACHE / "root.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    log.info("debootstrap sid into %s", tmp)
+    run(["debootstrap", "--variant=minbase", "sid", str(tmp), MIRROR])
+    run(["mount", "-t", "proc", "proc", str(tmp / "proc")])
+    try:
+        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/bin:/usr/sbin:/bin:/sbin"}
+        run(["chroot", str(tmp), *APT, "update", "-q"], env=env)
+        run(["chroot", str(tmp), *APT, "install", "-y", "-q", "--no-install-recommends", *PACKAGES], env=env)
+        for u in USERS:
+            run(["chroot", str(tmp), "useradd", "-m", "-s", "/bin/sh", u], env=env)
+    finally:
+        run(["umount", str(tmp / "proc")], check=False)
+    tmp.rename(ROOT)
+    BUILD_STAMP.write_text(time.strftime("%F %T"))
+    log.info("testbed root built in %.0f s", time.time() - t0)
+
+
+# -- install Lark -------------------------------------------------------------------------------------------
+def install() -> None:
+    if not BUILD_STAMP.exists():
+        raise SystemExit("testbed: not built; run `testbed.py build` first")
+    src = ROOT / "opt/lark-src"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.egg-info",
+                                                              ".pytest_cache", ".hypothesis", "build"))
+    env = {"PATH": "/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "HOME": "/root"}
+    if not (ROOT / "opt/lark/bin/python").exists():
+        # System site-packages: htcondor2/classad2 come from Debian's condor package, matching the pool.
+        # pyroute2 (pure Python) is fetched by the host's pip, whose network and CA setup already work.
+        wheels = ROOT / "opt/lark-wheels"
+        wheels.mkdir(parents=True, exist_ok=True)
+        run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(wheels),
+             "pyroute2>=0.9,<0.10"])
+        run(["chroot", str(ROOT), "python3", "-m", "venv", "--system-site-packages", "/opt/lark"], env=env)
+        run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
+             "/opt/lark-wheels", "pyroute2"], env=env)
+    # The wheel is built by the host's pip (setuptools is there); the chroot installs it offline.
+    wheels = ROOT / "opt/lark-wheels"
+    for old in wheels.glob("lark-*.whl"):
+        old.unlink()
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels),
+         str(src)])
+    wheel = next(wheels.glob("lark-*.whl")).name
+    run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-deps", "--force-reinstall",
+         f"/opt/lark-wheels/{wheel}"], env=env)
+    for name in ("larkd", "lark", "lark-job-wrapper", "lark-starter", "lark-hook"):
+        link = ROOT / "usr/local/bin" / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(f"/opt/lark/bin/{name}")
+    confd = ROOT / "etc/condor/config.d"
+    for f in (REPO / "condor_config.d").iterdir():
+        shutil.copy(f, confd / f.name)
+    (confd / "90-lark-testbed.conf").write_text(
+        "# Testbed only: a chroot cannot unshare the mount namespace for MOUNT_UNDER_SCRATCH (EINVAL).\n"
+        "MOUNT_UNDER_SCRATCH =\n"
+        "NETWORK_INTERFACE = 127.0.0.1\n"
+        "# The EP namespace has no DNS server: name lookups would each wait for a timeout.\n"
+        "NO_DNS = True\nDEFAULT_DOMAIN_NAME = lark.test\n"
+        "STARTER_UPDATE_INTERVAL = 5\n"
+        "STARTER_INITIAL_UPDATE_INTERVAL = 2\n"
+        "NUM_CPUS = 8\nMEMORY = 8192\n"
+        "# Hooks run as the job user and must find the larkd socket\n"
+        "LARKD_LOG = $(LOG)/LarkdLog\n")
+    (ROOT / "etc/hosts").write_text(f"127.0.0.1 localhost {os.uname().nodename}\n")
+    (ROOT / "etc/resolv.conf").unlink(missing_ok=True)
+    (ROOT / "etc/resolv.conf").write_text("# testbed: no resolver in the EP namespace\n")
+    etc = ROOT / "etc/lark"
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "lark.toml").write_text(
+        "[daemon]\nad_source = \"startd\"\npoll_interval = 1.0\n"
+        "[network]\nuplink = \"up0\"\nsubnet = \"10.213.0.0/24\"\nbandwidth_mbit = 1000\n")
+    log.info("Lark installed into the testbed from %s", REPO)
+
+
+# -- start / stop -------------------------------------------------------------------------------------------
+def start() -> None:
+    if load_state().get("master_pid"):
+        stop()
+    run(["ip", "netns", "add", HOST_NS])
+    run(["ip", "netns", "add", WORLD_NS])
+    run(["ip", "link", "add", "name", "up0", "netns", HOST_NS, "type", "veth", "peer", "name", "w0", "netns",
+         WORLD_NS])
+    for ns, dev, ip in ((HOST_NS, "up0", HOST_IP), (WORLD_NS, "w0", WORLD_IP)):
+        run(["ip", "-n", ns, "link", "set", "lo", "up"])
+        run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev])
+        run(["ip", "-n", ns, "link", "set", dev, "up"])
+    run(["ip", "-n", HOST_NS, "route", "add", "default", "via", WORLD_IP])
+    state = {"mounts": []}
+    save_state(state)
+    for _, sub, args in MOUNTS:
+        target = ROOT / sub
+        run(["mount", *args, str(target)])
+        if "--rbind" in args:
+            run(["mount", "--make-rslave", str(target)])
+        state["mounts"].append(str(target))
+        save_state(state)
+    www = CACHE / "www"
+    www.mkdir(exist_ok=True)
+    for name, size in (("10M.bin", 10_000_000), ("50M.bin", 50_000_000)):
+        f = www / name
+        if not f.exists() or f.stat().st_size != size:
+            f.write_bytes(os.urandom(size))
+    world_log = open(CACHE / "world.log", "a")
+    http = subprocess.Popen(["nsenter", f"--net=/run/netns/{WORLD_NS}", sys.executable, "-m", "http.server",
+                             "8000", "--bind", "0.0.0.0", "--directory", str(www)], stdout=world_log,
+                            stderr=world_log)
+    state["world_pids"] = [http.pid]
+    if shutil.which("iperf3"):
+        iperf = subprocess.Popen(["nsenter", f"--net=/run/netns/{WORLD_NS}", "iperf3", "-s", "-p", "5201"],
+                                 stdout=world_log, stderr=world_log)
+        state["world_pids"].append(iperf.pid)
+    save_state(state)
+    # The chroot's /run is a plain directory (no systemd-tmpfiles): make what condor expects there.
+    for d in ("var/log/condor", "var/lib/condor/execute", "var/lib/condor/spool", "run/condor", "run/lock/condor"):
+        (ROOT / d).mkdir(parents=True, exist_ok=True)
+        run(["chroot", str(ROOT), "chown", "condor:condor", "/" + d])
+    (ROOT / "run/lark").mkdir(parents=True, exist_ok=True)
+    master = subprocess.Popen(in_root(["/usr/sbin/condor_master", "-f"]), stdout=subprocess.DEVNULL,
+                              stderr=open(CACHE / "master.stderr", "a"))
+    state["master_pid"] = master.pid
+    save_state(state)
+    wait_for_slot()
+    log.info("testbed up: EP netns %s (uplink %s), world %s (%s: http :8000, iperf3 :5201)", HOST_NS, HOST_IP,
+             WORLD_NS, WORLD_IP)
+
+
+def wait_for_slot(timeout: float = 90) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        cp = run(in_root(["condor_status", "-af", "Name", "HasJobNetworking", "LarkVersion"]), check=False)
+        larkd = run(in_root(["lark", "status"]), check=False)
+        if cp.returncode == 0 and "true" in cp.stdout.lower() and larkd.returncode == 0:
+            log.info("slot: %s", cp.stdout.strip())
+            return
+        time.sleep(1)
+    raise SystemExit(f"testbed: no slot with job networking after {timeout:.0f} s; see {ROOT}/var/log/condor")
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def stop() -> None:
+    state = load_state()
+    pid = state.get("master_pid")
+    if pid:
+        # condor_master's pid is nsenter's child (chroot execs); signal the whole process group it leads.
+        run(in_root(["condor_off", "-master", "-fast"]), check=False)
+        if not _wait_gone(pid, 30):
+            for p in _descendants(pid) + [pid]:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            _wait_gone(pid, 10)
+    for p in state.get("world_pids", []):
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        _wait_gone(p, 5)
+    if Path(f"/run/netns/{HOST_NS}").exists() and (ROOT / "usr/local/bin/lark").exists():
+        run(in_root(["lark", "gc", "--purge"]), check=False)
+    # Lark's netns names inside the chroot, then the chroot's own mounts (deepest first).
+    for line in reversed(Path("/proc/mounts").read_text().splitlines()):
+        target = line.split()[1]
+        if target.startswith(str(ROOT) + "/"):
+            run(["umount", "-l", target], check=False)
+    for ns in (HOST_NS, WORLD_NS):
+        run(["ip", "netns", "del", ns], check=False)
+    save_state({})
+    log.info("testbed stopped")
+
+
+def _descendants(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out += [int(d.name), *_descendants(int(d.name))]
+    return out
+
+
+def status() -> None:
+    state = load_state()
+    print(json.dumps({"built": BUILD_STAMP.exists(), "root": str(ROOT), **state}, indent=2))
+    if state.get("master_pid"):
+        print(run(in_root(["condor_status"]), check=False).stdout)
+        print(run(in_root(["lark", "status"]), check=False).stdout)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["build", "install", "start", "stop", "status", "up"])
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="testbed: %(message)s")
+    if os.geteuid() != 0:
+        raise SystemExit("testbed: run as root")
+    if args.command == "up":
+        build()
+        install()
+        start()
+    else:
+        {"build": build, "install": install, "start": start, "stop": stop, "status": status}[args.command]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
