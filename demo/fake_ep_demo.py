@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from helpers.fakehost import HOST_IP, WORLD_IP, FakeHost, build_starter, sh  # noqa: E402
 
