@@ -11,7 +11,8 @@ deps: $(VENV)/.installed
 
 $(VENV)/.installed: setup.py
 	@command -v nft >/dev/null && command -v iptables >/dev/null && command -v gcc >/dev/null \
-	  && command -v dnsmasq >/dev/null && test -x /usr/lib/cni/bridge && test -x /usr/bin/python3 \
+	  && command -v dnsmasq >/dev/null && command -v debootstrap >/dev/null && test -x /usr/lib/cni/bridge \
+	  && test -x /usr/bin/python3 && command -v iperf3 >/dev/null \
 	  && $(PY) -m venv --help >/dev/null 2>&1 \
 	  || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES))
 	$(PY) -m venv $(VENV)
@@ -19,8 +20,10 @@ $(VENV)/.installed: setup.py
 	$(VPY) -m pip install -q -e '.[test]'
 	touch $@
 
+# The whole suite: unit, real-kernel integration, and end-to-end jobs on the HTCondor testbed (built into
+# /var/cache/lark-testbed on first use, about a minute, then reused).
 test: deps
-	$(VPY) -m pytest -q -p no:cacheprovider tests/unit tests/integration
+	$(VPY) -m pytest -q -p no:cacheprovider tests
 
 unit: deps
 	$(VPY) -m pytest -q -p no:cacheprovider tests/unit
@@ -30,11 +33,9 @@ integration: deps
 
 # A real one-machine HTCondor pool in a namespaced chroot (built once into /var/cache/lark-testbed).
 testbed: deps
-	apt-get install -y -q debootstrap >/dev/null
 	$(VPY) testbed/testbed.py up
 
 e2e: deps
-	apt-get install -y -q debootstrap >/dev/null
 	$(VPY) -m pytest -q -p no:cacheprovider tests/e2e
 
 demo: deps
