@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -78,7 +77,3 @@ def link_stats(ipr: IPRoute, ifname: str) -> dict | None:
         return None
     stats = ipr.get_links(idx[0])[0].get_attr("IFLA_STATS64")
     return dict(stats) if stats else None
-
-
-def open_netns(path: str) -> int:
-    return os.open(path, os.O_RDONLY)

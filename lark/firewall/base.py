@@ -22,7 +22,7 @@ class Counters:
 class Firewall(abc.ABC):
     name = "abstract"
 
-    def __init__(self, cfg: Config, netns_prefix: str = "lark-"):
+    def __init__(self, cfg: Config):
         self.cfg = cfg
 
     @abc.abstractmethod

@@ -30,7 +30,7 @@ def _ct_state(*states: str) -> dict:
 class NftablesFirewall(Firewall):
     name = "nftables"
 
-    def __init__(self, cfg, netns_prefix: str = "lark-"):
+    def __init__(self, cfg):
         super().__init__(cfg)
         self.table = cfg.nft_table
         self.t = {"family": "inet", "table": self.table}
