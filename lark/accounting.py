@@ -56,22 +56,22 @@ class Accountant:
                 if key in readings:
                     usage.update(readings[key], now)
 
-    def final(self, key: str, started: float | None = None) -> dict | None:
-        """Take the last reading of one job before its counters are deleted, and stop tracking it.
+    def final(self, key: str, reading: Counters | None, started: float | None = None) -> dict | None:
+        """Close one job's accounting with its last reading (taken by the firewall as it removes the
+        counters), and stop tracking it.
 
         A job adopted after a daemon restart has no in-memory usage; its kernel counters kept counting, so
-        they are read with the record's start time.
+        the summary starts at the record's creation time.
         """
-        readings = self.fw.read_counters()
         now = time.time()
         with self._lock:
             usage = self.jobs.pop(key, None)
             if usage is None:
-                if key not in readings or started is None:
+                if reading is None or started is None:
                     return None
                 usage = JobUsage(started=started)
-            if key in readings:
-                usage.update(readings[key], now)
+            if reading is not None:
+                usage.update(reading, now)
             return usage.summary()
 
     def summary(self, key: str) -> dict | None:

@@ -8,7 +8,6 @@ import fcntl
 import logging
 import os
 import signal
-import socket
 import sys
 import time
 

@@ -112,12 +112,7 @@ class JobNetworker:
         if rec:
             rec.phase = "tearing-down"
             self.records.save(rec)
-        summary = None
-        try:
-            summary = self.acct.final(key, rec.created if rec else None)
-        except LarkError as e:
-            log.warning("final counter reading of %s failed: %s", key, e)
-        self.fw.remove_job(n)
+        summary = self.acct.final(key, self.fw.remove_job(n), rec.created if rec else None)
         ipr = self._host_netlink()
         link = links.link_stats(ipr, n.host_if)
         links.delete_link(ipr, n.host_if)

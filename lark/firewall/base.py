@@ -38,8 +38,12 @@ class Firewall(abc.ABC):
         """Install the job's rules and counters atomically."""
 
     @abc.abstractmethod
-    def remove_job(self, names: JobNames) -> bool:
-        """Remove the job's rules and counters; returns whether anything was there. Safe to repeat."""
+    def remove_job(self, names: JobNames) -> Counters | None:
+        """Remove the job's rules and counters; safe to repeat.
+
+        Returns the job's counters as read just before removal (the final reading), or None when nothing of
+        the job was there.
+        """
 
     @abc.abstractmethod
     def read_counters(self) -> dict[str, Counters]:

@@ -126,8 +126,9 @@ class IptablesFirewall(Firewall):
             "*nat", *dnat, *jumps["nat"], "COMMIT", ""])
         self._restore(text, f"iptables rules of job {plan.job_id} ({names.host_if})")
 
-    def remove_job(self, names: JobNames) -> bool:
+    def remove_job(self, names: JobNames) -> Counters | None:
         found = False
+        final = self.read_counters().get(names.key)
         existing = {t: self._chains(t) for t in ("raw", "filter", "nat")}
         for table, parent, spec, chain in self._job_jumps(names):
             while self._ipt(table, "-D", parent, *spec, check=False).returncode == 0:
@@ -136,7 +137,7 @@ class IptablesFirewall(Firewall):
                 self._ipt(table, "-F", chain, check=False)
                 self._ipt(table, "-X", chain, check=False)
                 found = True
-        return found
+        return (final or Counters()) if found else None
 
     def read_counters(self) -> dict[str, Counters]:
         out: dict[str, Counters] = {}

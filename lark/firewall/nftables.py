@@ -150,11 +150,13 @@ class NftablesFirewall(Firewall):
             cmds.append({"add": {"element": {**t, "name": "inbound", "elem": [[plan.inbound_port, plan.ipv4]]}}})
         self._apply(cmds, f"nft rules of job {plan.job_id} ({names.host_if})")
 
-    def remove_job(self, names: JobNames) -> bool:
+    def remove_job(self, names: JobNames) -> Counters | None:
         j = names.nft_id
+        # One listing serves both the final counter reading and the delete batch.
         objs = self._list("table", "inet", self.table)
         if not objs:
-            return False
+            return None
+        final = Counters()
         t = self.t
         cmds: list[dict] = []
         for o in objs:
@@ -175,12 +177,17 @@ class NftablesFirewall(Firewall):
         for c in chains:
             cmds.append({"delete": {"chain": {**t, "name": c}}})
         for o in objs:
-            if "counter" in o and o["counter"]["name"] in (f"{j}_in", f"{j}_out"):
-                cmds.append({"delete": {"counter": {**t, "name": o["counter"]["name"]}}})
+            c = o.get("counter")
+            if c and c["name"] in (f"{j}_in", f"{j}_out"):
+                if c["name"].endswith("_in"):
+                    final.bytes_in, final.packets_in = c["bytes"], c["packets"]
+                else:
+                    final.bytes_out, final.packets_out = c["bytes"], c["packets"]
+                cmds.append({"delete": {"counter": {**t, "name": c["name"]}}})
         if not cmds:
-            return False
+            return None
         self._apply(cmds, f"nft rules of {names.host_if}")
-        return True
+        return final
 
     @staticmethod
     def _job_addresses(objs: list[dict], j: str) -> set[str]:

@@ -1,7 +1,6 @@
 """Test servers for the "world" namespace: HTTP files (8000), who-am-I (7000), byte sink (7001)."""
 import functools
 import http.server
-import socket
 import socketserver
 import sys
 import threading

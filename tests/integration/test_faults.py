@@ -4,7 +4,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import time
 
 from helpers.fakehost import JOB_PY, PY, WORLD_IP, sh

@@ -1,7 +1,6 @@
 """NAT mode on the real kernel, for both firewall backends: reachability, NAT, isolation, counters, teardown."""
 import json
 import os
-import socket
 import subprocess
 import time
 

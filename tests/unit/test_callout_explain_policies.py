@@ -1,6 +1,5 @@
 """Callouts, `lark policy explain`, the shipped policies/ files, and hostile ads (hypothesis)."""
 import json
-import os
 import stat
 import subprocess
 import sys
