@@ -157,18 +157,26 @@ def install() -> None:
 
 
 # -- start / stop -------------------------------------------------------------------------------------------
-def start() -> None:
-    if load_state().get("master_pid"):
-        stop()
-    run(["ip", "netns", "add", HOST_NS])
-    run(["ip", "netns", "add", WORLD_NS])
-    run(["ip", "link", "add", "name", "up0", "netns", HOST_NS, "type", "veth", "peer", "name", "w0", "netns",
-         WORLD_NS])
-    for ns, dev, ip in ((HOST_NS, "up0", HOST_IP), (WORLD_NS, "w0", WORLD_IP)):
+def make_ep_namespaces(host_ns: str, world_ns: str) -> None:
+    """An execution point's netns with uplink `up0` (HOST_IP) to a world netns (`w0`, WORLD_IP, its gateway).
+
+    Shared by this testbed and the integration tests' fake host (tests/helpers/fakehost.py).
+    """
+    run(["ip", "netns", "add", host_ns])
+    run(["ip", "netns", "add", world_ns])
+    run(["ip", "link", "add", "name", "up0", "netns", host_ns, "type", "veth", "peer", "name", "w0", "netns",
+         world_ns])
+    for ns, dev, ip in ((host_ns, "up0", HOST_IP), (world_ns, "w0", WORLD_IP)):
         run(["ip", "-n", ns, "link", "set", "lo", "up"])
         run(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev])
         run(["ip", "-n", ns, "link", "set", dev, "up"])
-    run(["ip", "-n", HOST_NS, "route", "add", "default", "via", WORLD_IP])
+    run(["ip", "-n", host_ns, "route", "add", "default", "via", WORLD_IP])
+
+
+def start() -> None:
+    if load_state().get("master_pid"):
+        stop()
+    make_ep_namespaces(HOST_NS, WORLD_NS)
     state = {"mounts": []}
     save_state(state)
     for _, sub, args in MOUNTS:

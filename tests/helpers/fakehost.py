@@ -18,8 +18,11 @@ from pathlib import Path
 from lark import config as larkconfig
 
 HERE = Path(__file__).resolve().parent
-WORLD_IP = "198.51.100.1"
-HOST_IP = "198.51.100.2"
+sys.path.insert(0, str(HERE.parent.parent / "testbed"))
+import testbed  # noqa: E402  (stdlib-only; owns the EP/world namespace layout)
+
+WORLD_IP = testbed.WORLD_IP
+HOST_IP = testbed.HOST_IP
 PY = sys.executable
 # The job side runs as an unprivileged user, who may not be able to read the test runner's interpreter
 # (e.g. under /root). lark-job-wrapper needs only the standard library, so the system Python serves.
@@ -62,15 +65,7 @@ class FakeHost:
         return ["nsenter", f"--net=/run/netns/{self.world_ns}", *argv]
 
     def start(self) -> "FakeHost":
-        for ns in (self.host_ns, self.world_ns):
-            sh(["ip", "netns", "add", ns])
-        sh(["ip", "link", "add", "name", "up0", "netns", self.host_ns, "type", "veth",
-            "peer", "name", "w0", "netns", self.world_ns])
-        for ns, dev, ip in ((self.host_ns, "up0", HOST_IP), (self.world_ns, "w0", WORLD_IP)):
-            sh(["ip", "-n", ns, "link", "set", "lo", "up"])
-            sh(["ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev])
-            sh(["ip", "-n", ns, "link", "set", dev, "up"])
-        sh(["ip", "-n", self.host_ns, "route", "add", "default", "via", WORLD_IP])
+        testbed.make_ep_namespaces(self.host_ns, self.world_ns)
         self.www.mkdir(parents=True, exist_ok=True)
         self.ads.mkdir(mode=0o755, parents=True, exist_ok=True)
         self.cfg_path.write_text(larkconfig.dump(self.cfg))
