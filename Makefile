@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-switch iperf3 \
                 containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates
 
-.PHONY: deps test unit integration e2e testbed demo bench clean
+.PHONY: deps test unit integration e2e testbed demo demo-fake bench clean
 
 deps: $(VENV)/.installed
 
@@ -38,7 +38,12 @@ testbed: deps
 e2e: deps
 	$(VPY) -m pytest -q -p no:cacheprovider tests/e2e
 
+# The main job: a real pool (testbed), jobs from three users, one table from condor_history, pool stopped.
 demo: deps
+	$(VPY) demo/pool_demo.py
+
+# The same ideas without HTCondor: a stand-in starter on a fake execution point (no chroot needed).
+demo-fake: deps
 	$(VPY) demo/fake_ep_demo.py
 
 bench: deps

@@ -18,6 +18,7 @@ setup(
             "lark-job-wrapper=lark.wrapper:main",
             "lark-starter=lark.starter_wrapper:main",
             "lark-hook=lark.hooks:main",
+            "lark-prepare-job=lark.prepare_hook:main",
         ]
     },
 )

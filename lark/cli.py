@@ -9,7 +9,7 @@ import sys
 
 from .client import call
 from .config import load
-from .errors import LarkError
+from .errors import DaemonUnreachable, LarkError
 
 log = logging.getLogger("lark")
 
@@ -46,9 +46,7 @@ def cmd_gc(args) -> int:
     try:
         answer = call("gc", path=args.socket, timeout=120, dry_run=args.dry_run)
         actions = answer["actions"]
-    except LarkError as e:
-        if "not running" not in str(e):
-            raise
+    except DaemonUnreachable:
         actions = _offline_gc(args)
     verb = "would remove" if args.dry_run else "removed"
     for a in actions:

@@ -4,11 +4,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 
 from . import protocol
-from .errors import LarkError
+from .errors import DaemonUnreachable, LarkError
 
 DEFAULT_SOCKET = "/run/lark/lark.sock"
+START_LARKD = "start larkd: condor_on -daemon LARKD, or systemctl start larkd"
 
 
 def socket_path(explicit: str | None = None) -> str:
@@ -31,10 +33,10 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
         try:
             s.connect(path)
         except FileNotFoundError:
-            raise LarkError("larkd is not running (no socket)", obj=path,
-                            fix="start larkd (condor_master DAEMON_LIST or systemd)") from None
+            raise DaemonUnreachable("larkd is not running (no socket)", obj=path,
+                            fix=START_LARKD) from None
         except ConnectionRefusedError:
-            raise LarkError("larkd is not running (connection refused)", obj=path, fix="start larkd") from None
+            raise DaemonUnreachable("larkd is not running (connection refused)", obj=path, fix=START_LARKD) from None
         except PermissionError:
             raise LarkError("permission denied on the larkd socket", obj=path) from None
         s.sendall(protocol.request(op, **fields))
@@ -47,12 +49,12 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
     except socket.timeout:
         raise LarkError(f"larkd did not answer within {timeout:g} s", obj=path, fix="check larkd's log") from None
     except OSError as e:
-        raise LarkError(f"connection to larkd lost ({e.strerror or e})", obj=path,
+        raise DaemonUnreachable(f"connection to larkd lost ({e.strerror or e})", obj=path,
                         fix="larkd may have died; check its log and restart it") from None
     finally:
         s.close()
     if not buf:
-        raise LarkError("larkd closed the connection without answering", obj=path, fix="check larkd's log")
+        raise DaemonUnreachable("larkd closed the connection without answering", obj=path, fix="check larkd's log")
     try:
         answer = json.loads(buf)
     except ValueError:
@@ -60,3 +62,17 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
     if not answer.get("ok"):
         raise LarkError(answer.get("error", "unknown error"), obj="larkd")
     return answer
+
+
+def call_patiently(op: str, *, wait: float, timeout: float = 30.0, **fields) -> dict:
+    """`call`, retrying for up to `wait` seconds while larkd is unreachable (condor_master restarts it)."""
+    deadline = time.monotonic() + wait
+    delay = 0.2
+    while True:
+        try:
+            return call(op, timeout=timeout, **fields)
+        except DaemonUnreachable:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)

@@ -158,6 +158,8 @@ class Larkd:
             return protocol.ok(version=__version__, protocol=PROTOCOL_VERSION, firewall=self.fw.name)
         if op == "setup":
             return await self.op_setup(who)
+        if op == "check":
+            return await self.op_check(who)
         if op in ("stats", "release"):
             starter = peer.find_starter(who.pid, self.cfg.starter_paths)
             if starter is None and who.uid != 0:
@@ -219,6 +221,16 @@ class Larkd:
             log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, rec.plan["network_type"],
                      rec.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
             return protocol.ok(plan=rec.plan, env=env_for(rec.plan))
+
+    async def op_check(self, who: peer.Peer) -> bytes:
+        """Decide the plan without building anything: the PREPARE_JOB hook's pre-flight, run before the job
+        exists, so a policy error puts the job on hold instead of letting it start."""
+        starter = peer.find_starter(who.pid, self.cfg.starter_paths)
+        if starter is None:
+            raise LarkError("only a job's starter hooks may ask for a pre-flight check",
+                            obj=f"pid {who.pid} uid {who.uid}")
+        plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, job_key(starter.slot))
+        return protocol.ok(plan=plan.to_dict())
 
     def plan_for(self, starter: peer.StarterInfo, key: str):
         job_ad, machine_ad = self.ads.ads(starter)

@@ -21,3 +21,7 @@ class LarkError(Exception):
         if self.fix:
             msg += f" ({self.fix})"
         return msg
+
+
+class DaemonUnreachable(LarkError):
+    """larkd could not be reached at all (no socket, refused, died mid-answer): worth a short retry."""

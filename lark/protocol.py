@@ -6,7 +6,7 @@ import json
 from . import PROTOCOL_VERSION
 from .errors import LarkError
 
-OPS = {"ping", "setup", "release", "stats", "status", "gc"}
+OPS = {"ping", "check", "setup", "release", "stats", "status", "gc"}
 
 
 def encode(msg: dict) -> bytes:

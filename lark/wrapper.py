@@ -1,14 +1,17 @@
 """lark-job-wrapper: HTCondor's USER_JOB_WRAPPER. Get the job its network, then become the job.
 
-The job never runs without the network it asked for: on any failure the wrapper exits non-zero, and under
-HTCondor writes the reason to $_CONDOR_WRAPPER_ERROR_FILE, which makes the starter put the job on hold with it.
+The job never runs without the network it asked for: on any failure the wrapper exits 111 (EXIT_NO_NETWORK) with
+the reason on stderr and in $_CONDOR_WRAPPER_ERROR_FILE. HTCondor 25.x does not act on that file, so the job's
+hold comes from the PREPARE_JOB hook (prepare_hook.py), which checks everything knowable before the job starts;
+what is left here is a failure between that check and the setup (larkd dying in that window, address pool
+exhausted), where the job ends with exit code 111 and the reason in its stderr.
 """
 from __future__ import annotations
 
 import os
 import sys
 
-from .client import call
+from .client import call_patiently
 from .errors import LarkError
 
 EXIT_NO_NETWORK = 111
@@ -37,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         timeout = 60.0
     try:
-        answer = call("setup", timeout=timeout)
+        answer = call_patiently("setup", wait=20, timeout=timeout)
     except LarkError as e:
         return fail(str(e))
     os.environ.update(answer.get("env", {}))

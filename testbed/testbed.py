@@ -61,6 +61,19 @@ def in_root(argv: list[str], user: str | None = None) -> list[str]:
     return in_host(["chroot", str(ROOT), *pre, "HOME=/root", *argv])
 
 
+def submit_as(user: str, name: str, body: str) -> int:
+    """Write `body` as /home/<user>/<name>/job.sub in the pool and condor_submit it as that user; the cluster."""
+    d = ROOT / "home" / user / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "job.sub").write_text(body)
+    run(["chroot", str(ROOT), "chown", "-R", f"{user}:{user}", f"/home/{user}/{name}"])
+    cp = run(in_root(["sh", "-c", 'cd "$0" && exec condor_submit -terse job.sub', f"/home/{user}/{name}"],
+                     user=user), check=False)
+    if cp.returncode != 0:
+        raise RuntimeError(f"condor_submit as {user} in {name} failed: {cp.stderr.strip()}")
+    return int(cp.stdout.split(".")[0])
+
+
 def load_state() -> dict:
     try:
         return json.loads(STATE.read_text())
@@ -126,7 +139,7 @@ def install() -> None:
     wheel = next(wheels.glob("lark-*.whl")).name
     run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-deps", "--force-reinstall",
          f"/opt/lark-wheels/{wheel}"], env=env)
-    for name in ("larkd", "lark", "lark-job-wrapper", "lark-starter", "lark-hook"):
+    for name in ("larkd", "lark", "lark-job-wrapper", "lark-starter", "lark-hook", "lark-prepare-job"):
         link = ROOT / "usr/local/bin" / name
         if link.is_symlink() or link.exists():
             link.unlink()
@@ -142,7 +155,7 @@ def install() -> None:
         "NO_DNS = True\nDEFAULT_DOMAIN_NAME = lark.test\n"
         "STARTER_UPDATE_INTERVAL = 5\n"
         "STARTER_INITIAL_UPDATE_INTERVAL = 2\n"
-        "NUM_CPUS = 8\nMEMORY = 8192\n"
+        "NUM_CPUS = 16\nMEMORY = 16384\n"
         "# Hooks run as the job user and must find the larkd socket\n"
         "LARKD_LOG = $(LOG)/LarkdLog\n")
     (ROOT / "etc/hosts").write_text(f"127.0.0.1 localhost {os.uname().nodename}\n")

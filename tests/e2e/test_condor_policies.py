@@ -4,19 +4,10 @@ import time
 
 import pytest
 
-from test_condor_nat import as_alice, history, submit, testbed  # noqa: F401  (shared fixture helpers)
-from test_condor_nat import pool  # noqa: F401
+from condor import as_alice, history, job, out_of, submit, testbed
 
 pytestmark = pytest.mark.e2e
-SUB = """executable = /usr/bin/python3
-arguments = "-c 'import socket; print(sorted(n for _, n in socket.if_nameindex()))'"
-output = out.txt
-error = err.txt
-log = log.txt
-should_transfer_files = NO
-{extra}
-queue
-"""
+IFNAMES = "-c 'import socket; print(sorted(n for _, n in socket.if_nameindex()))'"
 
 
 @pytest.fixture(scope="module")
@@ -31,35 +22,39 @@ def policy_pool(pool):  # noqa: F811
     subprocess.run(testbed.in_root(["condor_reconfig"]), capture_output=True)
 
 
-def out_of(name):
-    return (testbed.ROOT / "home/alice" / name / "out.txt").read_text().strip()
-
-
 def test_network_type_policy_no_connectivity_means_only_lo(policy_pool):
-    c = submit(policy_pool, "pol-none", SUB.format(extra="+InboundConnectivity = false\n+OutboundConnectivity = false"))
+    c = submit("pol-none", job(args=IFNAMES, extra="+InboundConnectivity = false\n+OutboundConnectivity = false"))
     assert history(c, ["LarkNetworkType", "ExitCode"]) == ["none", "0"]
     assert out_of("pol-none") == "['lo']"
 
 
+def test_no_connectivity_job_cannot_reach_the_world(policy_pool):
+    probe = f'import socket; s = socket.socket(); s.settimeout(3); print(s.connect_ex(("{testbed.WORLD_IP}", 8000)))'
+    c = submit("pol-none-reach", job(args="-c '" + probe.replace('"', '""') + "'",
+                                     extra="+InboundConnectivity = false\n+OutboundConnectivity = false"))
+    assert history(c, ["LarkNetworkType", "ExitCode"]) == ["none", "0"]
+    assert out_of("pol-none-reach") == "101"  # ENETUNREACH: there is no route at all
+
+
 def test_network_type_policy_outbound_only_is_nat(policy_pool):
-    c = submit(policy_pool, "pol-nat", SUB.format(extra="+OutboundConnectivity = true"))
+    c = submit("pol-nat", job(args=IFNAMES, extra="+OutboundConnectivity = true"))
     assert history(c, ["LarkNetworkType", "ExitCode"]) == ["nat", "0"]
     assert out_of("pol-nat") == "['eth0', 'lo']"
 
 
 def test_ip_protocol_requirement_matches_ipv4_machine(policy_pool):
-    c = submit(policy_pool, "pol-ip", SUB.format(extra='+IPProtocol = "IPv4"\nrequirements = TARGET.IPProtocol == MY.IPProtocol'))
+    c = submit("pol-ip", job(args=IFNAMES, extra='+IPProtocol = "IPv4"\nrequirements = TARGET.IPProtocol == MY.IPProtocol'))
     assert history(c, ["LarkNetworkType", "ExitCode"]) == ["nat", "0"]
 
 
 def test_accounting_optional_job_is_counted(policy_pool):
-    c = submit(policy_pool, "pol-acct", SUB.format(extra="+NetworkAccounting = true"))
+    c = submit("pol-acct", job(args=IFNAMES, extra="+NetworkAccounting = true"))
     mode, inbytes = history(c, ["LarkNetworkType", "NetworkIncomingBytes"])
     assert mode == "nat" and int(inbytes) >= 0
 
 
 def test_vlan_requirement_does_not_match_machine_without_vlan(policy_pool):
-    c = submit(policy_pool, "pol-vlan", SUB.format(extra='+RequestedVLAN = "physics"\nrequirements = TARGET.VLAN == MY.RequestedVLAN'))
+    c = submit("pol-vlan", job(args=IFNAMES, extra='+RequestedVLAN = "physics"\nrequirements = TARGET.VLAN == MY.RequestedVLAN'))
     time.sleep(15)  # several negotiation cycles (NEGOTIATOR_INTERVAL = 2 in minicondor)
     cp = as_alice(["condor_q", str(c), "-af", "JobStatus"])
     assert cp.stdout.strip() == "1"  # idle: never matched, so never ran on the wrong network
