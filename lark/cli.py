@@ -29,14 +29,16 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(jobs, indent=2, sort_keys=True))
         return 0
-    print(f"{'slot':<12} {'job':<10} {'mode':<6} {'netns':<22} {'address':<15} {'bytes in':>12} {'bytes out':>12} "
-          f"{'avg in':>12} {'avg out':>12}")
+    print(f"{'slot':<12} {'job':<10} {'mode':<6} {'address':<15} {'limit':>12} {'bytes in':>12} {'bytes out':>12} "
+          f"{'avg in':>12} {'avg out':>12} {'peak in':>12} {'peak out':>12}")
     for j in jobs:
         plan, usage = j.get("plan", {}), j.get("usage") or {}
+        limit = plan.get("rate_limit_mbit")
         print(f"{j.get('slot', ''):<12} {j.get('job_id', ''):<10} {plan.get('network_type', ''):<6} "
-              f"{j.get('netns', ''):<22} {plan.get('ipv4') or '-':<15} {usage.get('bytes_in', 0):>12} "
-              f"{usage.get('bytes_out', 0):>12} {_rate(usage.get('avg_in_bps')):>12} "
-              f"{_rate(usage.get('avg_out_bps')):>12}")
+              f"{plan.get('ipv4') or '-':<15} {_rate(limit * 1e6) if limit else 'unlimited':>12} "
+              f"{usage.get('bytes_in', 0):>12} {usage.get('bytes_out', 0):>12} "
+              f"{_rate(usage.get('avg_in_bps')):>12} {_rate(usage.get('avg_out_bps')):>12} "
+              f"{_rate(usage.get('peak_in_bps')):>12} {_rate(usage.get('peak_out_bps')):>12}")
     if not jobs:
         print("(no networked jobs)")
     return 0
@@ -91,7 +93,7 @@ def cmd_policy_explain(args) -> int:
         cfg.callout = args.callout
     plan = decide(read_ad(args.job), read_ad(args.machine), cfg, args.slot, job_key(args.slot))
     fields = ["network_type", "inbound", "outbound", "accounting", "ip_protocol", "address_type",
-              "request_bandwidth_mbit", "vlan"]
+              "request_bandwidth_mbit", "rate_limit_mbit", "vlan"]
     sources = {"ip_protocol": "ip_protocol", "vlan": "vlan"}
     if args.json:
         print(json.dumps({"plan": {f: getattr(plan, f) for f in fields}, "decided_by": plan.decided_by},

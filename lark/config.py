@@ -44,6 +44,9 @@ class Config:
     enable_ip_forward: bool = True
     default_network_type: str = "nat"
     bandwidth_mbit: int = 0             # used by detect-bandwidth when the uplink reports no speed
+    # Limit for jobs whose slot was allocated no Bandwidth: "unlimited", "share" (the machine's bandwidth
+    # times the slot's share of its cpus), or a number of Mbit/s.
+    default_bandwidth: str = "unlimited"
 
     @property
     def records_dir(self) -> str:
@@ -101,6 +104,15 @@ class Config:
         if self.default_network_type not in ("nat", "none"):
             raise bad("default_network_type", f"{self.default_network_type!r} is not available",
                       "use nat or none")
+        self.default_bandwidth = str(self.default_bandwidth)
+        if self.default_bandwidth not in ("unlimited", "share"):
+            try:
+                mbit = float(self.default_bandwidth)
+            except ValueError:
+                mbit = -1.0
+            if not 0 < mbit <= 10_000_000:
+                raise bad("default_bandwidth", f"{self.default_bandwidth!r} is not a limit",
+                          'use "unlimited", "share" or a number of Mbit/s such as "100"')
         return self
 
 

@@ -30,6 +30,8 @@ def job_attributes(stats: dict) -> dict[str, str]:
             attrs["LarkIPv4Address"] = f'"{plan["ipv4"]}"'
         if plan.get("inbound_port"):
             attrs["LarkInboundPort"] = str(int(plan["inbound_port"]))
+        if plan.get("rate_limit_mbit"):
+            attrs["LarkBandwidthLimit"] = f"{float(plan['rate_limit_mbit']):g}"
     if usage:
         for attr, key in (("NetworkIncomingBytes", "bytes_in"), ("NetworkOutgoingBytes", "bytes_out"),
                           ("NetworkIncomingPackets", "packets_in"), ("NetworkOutgoingPackets", "packets_out")):

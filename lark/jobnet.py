@@ -12,7 +12,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from . import links, nsutil
+from . import links, nsutil, shaping
 from .accounting import Accountant
 from .config import Config
 from .errors import LarkError
@@ -88,8 +88,12 @@ class JobNetworker:
                 ipr = self._host_netlink()
                 links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id)
                 self.records.step(rec, "veth")
-                links.configure_host_side(ipr, n.host_if, plan.gateway4, plan.ipv4)
+                host_idx = links.configure_host_side(ipr, n.host_if, plan.gateway4, plan.ipv4)
                 links.configure_job_side(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+                if plan.rate_limit_mbit:
+                    limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
+                    shaping.apply(ipr, host_idx, ns_fd, n.job_if, limit, plan.job_id)
+                    rec.steps.append("shaping")
                 self.fw.add_job(plan, n)
                 self.acct.start(plan.key, rec.created)
                 rec.steps += ["addressing", "firewall"]

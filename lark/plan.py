@@ -19,6 +19,7 @@ class NetworkPlan:
     ip_protocol: str = "IPv4"
     address_type: str = "static"
     request_bandwidth_mbit: float = 0.0
+    rate_limit_mbit: float | None = None  # each direction; None = unlimited. From the slot's allocation
     vlan: int | None = None
     owner: str = ""
     accounting_group: str = ""

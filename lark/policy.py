@@ -191,6 +191,36 @@ def _string_or_empty(ad: classad2.ClassAd, attr: str) -> str:
     return v if isinstance(v, str) else ""
 
 
+def _rate_limit(d: "_Decider", cfg: Config) -> float | None:
+    """The job's limit comes from what the startd allocated to its slot, never from what the job asked:
+    matchmaking already checked the request against the machine, and the slot ad is not the user's to edit."""
+    allocated = d.machine_attr("Bandwidth", None, as_number, "rate_limit_mbit")
+    if allocated:
+        d.decided_by["rate_limit_mbit"] = f"slot's allocated Bandwidth = {allocated:g}"
+        return allocated
+    policy = cfg.default_bandwidth
+    if policy == "unlimited":
+        d.decided_by["rate_limit_mbit"] = "no Bandwidth allocated; default_bandwidth = unlimited"
+        return None
+    if policy == "share":
+        total = d.machine_attr("TotalBandwidth", None, as_number, "_total_bw") or \
+            d.machine_attr("DetectedBandwidth", None, as_number, "_total_bw")
+        cpus = d.machine_attr("Cpus", None, as_number, "_cpus")
+        total_cpus = d.machine_attr("TotalCpus", None, as_number, "_total_cpus")
+        for f in ("_total_bw", "_cpus", "_total_cpus"):
+            d.decided_by.pop(f, None)
+        if not (total and cpus and total_cpus):
+            raise LarkError("default_bandwidth = share needs TotalBandwidth (or DetectedBandwidth), Cpus and "
+                            "TotalCpus in the slot ad", job=d.job_id, obj="slot ad",
+                            fix="configure MACHINE_RESOURCE_INVENTORY_Bandwidth, or use a fixed default_bandwidth")
+        share = total * min(cpus / total_cpus, 1.0)
+        d.decided_by["rate_limit_mbit"] = (f"no Bandwidth allocated; default_bandwidth = share: "
+                                           f"{total:g} x {cpus:g}/{total_cpus:g} cpus")
+        return share
+    d.decided_by["rate_limit_mbit"] = f"no Bandwidth allocated; default_bandwidth = {policy}"
+    return float(policy)
+
+
 def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: str, key: str) -> NetworkPlan:
     """Evaluate the policy; with `cfg.callout` set, its output overrides machine attributes first."""
     job_id = job_id_of(job)
@@ -243,10 +273,12 @@ def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: 
         raise LarkError(f"VLAN {vlan!r} is a name, not an id", job=job_id, obj="VLAN",
                         fix="configure a callout that maps VLAN names to ids (callouts/vlan_by_name.py)")
 
+    rate_limit = _rate_limit(d, cfg) if network_type != "none" else None
+
     return NetworkPlan(
         job_id=job_id, slot=slot, key=key, network_type=network_type, inbound=inbound, outbound=outbound,
         accounting=bool(want_acct and have_acct), ip_protocol="+".join(sorted(protocols)) or "none",
-        address_type=address_type, request_bandwidth_mbit=request_bw, vlan=vlan,
+        address_type=address_type, request_bandwidth_mbit=request_bw, rate_limit_mbit=rate_limit, vlan=vlan,
         owner=_string_or_empty(job, "Owner"),
         accounting_group=_string_or_empty(job, "AcctGroup") or _string_or_empty(job, "AccountingGroup"),
         decided_by=d.decided_by,

@@ -55,6 +55,33 @@ def main():
             c.close()
         except socket.timeout:
             pass
+    elif cmd == "timed-download-upload":
+        t0 = time.time()
+        with urllib.request.urlopen(args[0], timeout=60) as r:
+            got = len(r.read())
+        t1 = time.time()
+        size = int(args[3])
+        with socket.create_connection((args[1], int(args[2])), timeout=60) as s:
+            buf, sent = b"x" * 65536, 0
+            while sent < size:
+                sent += s.send(buf[: min(len(buf), size - sent)])
+            s.shutdown(socket.SHUT_WR)
+            s.recv(100)
+        print(json.dumps({"downloaded": got, "down_s": t1 - t0, "uploaded": sent, "up_s": time.time() - t1}))
+    elif cmd == "iperf3":  # host port seconds down|up: goodput seen by the receiver, bit/s
+        import subprocess
+        argv = ["iperf3", "-c", args[0], "-p", args[1], "-t", args[2], "-O", "1", "-J"]
+        if args[3] == "down":
+            argv.append("-R")
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=float(args[2]) + 30)
+        report = json.loads(cp.stdout) if cp.stdout.strip().startswith("{") else {}
+        print(json.dumps({"bps": report.get("end", {}).get("sum_received", {}).get("bits_per_second"),
+                          "error": report.get("error") or cp.stderr[-300:]}))
+    elif cmd == "run":
+        import subprocess
+        env = dict(os.environ, PATH="/usr/sbin:/sbin:/usr/bin:/bin")
+        cp = subprocess.run(args, capture_output=True, text=True, env=env)
+        print(json.dumps({"rc": cp.returncode, "stderr": cp.stderr[-300:]}))
     elif cmd == "env":
         print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("LARK_")}))
     elif cmd == "links":

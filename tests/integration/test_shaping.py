@@ -1,0 +1,94 @@
+"""Bandwidth limits on the real kernel: from the slot's allocation, both directions, out of the job's reach.
+
+Speed goals live in bench/bandwidth_accuracy.py. These tests only use lower bounds on time (a transfer can not
+beat its limit; a slow machine only makes it slower), so they can not flake on a noisy VM.
+"""
+import json
+import re
+import time
+
+import pytest
+
+from helpers.fakehost import WORLD_IP, sh
+
+MB = 1_000_000
+
+
+def job_netns(host, slot):
+    deadline = time.time() + 15
+    while time.time() < deadline:
+        for j in host.status():
+            if j.get("slot") == slot and j.get("phase") == "ready":
+                return j["netns"], j["host_if"]
+        time.sleep(0.05)
+    raise AssertionError(f"{slot} never became ready:\n{host.larkd_log()}")
+
+
+def htb_rate_bit(host, argv_prefix, dev):
+    """The rate of class 1:1 on a device as `tc class show` prints it (tc has no JSON for htb classes)."""
+    out = sh([*argv_prefix, "tc", "class", "show", "dev", dev]).stdout
+    m = re.search(r"class htb 1:1 .*?\brate (\d+(?:\.\d+)?)([KMGT]?)bit", out)
+    if not m:
+        return None
+    return round(float(m.group(1)) * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[m.group(2)])
+
+
+def test_slot_bandwidth_limits_both_directions(host):
+    (host.www / "4M.bin").write_bytes(b"\0" * (4 * MB))
+    mbit = 40
+    host.publish_ad("slot1", "ClusterId = 21\nProcId = 0", f"Bandwidth = {mbit}\nRequestBandwidth = 1000")
+    cp = host.spawn_job("slot1", ["timed-download-upload", f"http://{WORLD_IP}:8000/4M.bin", WORLD_IP, "7001",
+                                  str(4 * MB)], job_ad="ClusterId = 21\nProcId = 0\nRequestBandwidth = 1000")
+    netns, host_if = job_netns(host, "slot1")
+    # The job asked for 1000 in its own ad; the slot was allocated 40: the allocation wins.
+    assert htb_rate_bit(host, host.in_host([]), host_if) == mbit * MB
+    assert htb_rate_bit(host, ["ip", "netns", "exec", netns], "eth0") == mbit * MB
+    out, err = cp.communicate(timeout=60)
+    assert cp.returncode == 0, err + host.larkd_log()
+    r = json.loads(out)
+    assert r["downloaded"] == r["uploaded"] == 4 * MB
+    floor = 4 * MB * 8 / (mbit * MB) * 0.9  # 0.8 s at the limit; the bucket holds a few ms of that
+    assert r["down_s"] >= floor, r
+    assert r["up_s"] >= floor, r
+
+
+def test_job_cannot_remove_its_limit(host):
+    host.publish_ad("slot2", "ClusterId = 22\nProcId = 0", "Bandwidth = 10")
+    cp = host.run_job("slot2", ["run", "tc", "qdisc", "del", "dev", "eth0", "root"],
+                      job_ad="ClusterId = 22\nProcId = 0")
+    assert cp.returncode == 0, cp.stderr + host.larkd_log()
+    r = json.loads(cp.stdout)
+    assert r["rc"] != 0 and ("Operation not permitted" in r["stderr"] or "RTNETLINK" in r["stderr"]), r
+
+
+def test_no_allocation_is_unlimited_by_default(host):
+    host.publish_ad("slot3", "ClusterId = 23\nProcId = 0", "Bandwidth = 0")
+    p = host.spawn_job("slot3", ["listen", "9000", "3"], job_ad="ClusterId = 23\nProcId = 0")
+    netns, host_if = job_netns(host, "slot3")
+    assert htb_rate_bit(host, host.in_host([]), host_if) is None
+    assert htb_rate_bit(host, ["ip", "netns", "exec", netns], "eth0") is None
+    p.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("policy,machine,expect_mbit", [
+    ("25", "", 25),
+    ("share", "TotalBandwidth = 1000\nCpus = 2\nTotalCpus = 8", 250),
+])
+def test_default_policy_for_jobs_without_allocation(fakehost_factory, policy, machine, expect_mbit):
+    host = fakehost_factory(default_bandwidth=policy)
+    host.publish_ad("slot1", "ClusterId = 24\nProcId = 0", machine or "Cpus = 1")
+    p = host.spawn_job("slot1", ["listen", "9000", "3"], job_ad="ClusterId = 24\nProcId = 0")
+    netns, host_if = job_netns(host, "slot1")
+    assert htb_rate_bit(host, host.in_host([]), host_if) == expect_mbit * MB
+    assert htb_rate_bit(host, ["ip", "netns", "exec", netns], "eth0") == expect_mbit * MB
+    p.communicate(timeout=30)
+
+
+def test_rates_above_34_gbit_use_64_bit_fields(host):
+    host.publish_ad("slot4", "ClusterId = 25\nProcId = 0", "Bandwidth = 40000")
+    p = host.spawn_job("slot4", ["listen", "9000", "3"], job_ad="ClusterId = 25\nProcId = 0")
+    netns, host_if = job_netns(host, "slot4")
+    assert htb_rate_bit(host, host.in_host([]), host_if) == 40_000 * MB
+    assert htb_rate_bit(host, ["ip", "netns", "exec", netns], "eth0") == 40_000 * MB
+    p.communicate(timeout=30)
+    assert host.wait_clean() == {k: [] for k in host.residue()}
