@@ -46,8 +46,12 @@ demo: deps
 demo-fake: deps
 	$(VPY) demo/fake_ep_demo.py
 
+# Benchmarks print tables with their goals; paper_fig8 also writes bench/out/paper_fig8.png.
 bench: deps
+	$(VPY) -m pip install -q '.[bench]'
 	$(VPY) bench/setup_latency.py
+	$(VPY) bench/bandwidth_accuracy.py
+	$(VPY) bench/paper_fig8.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from condor import as_root, history, job, queue_attrs, submit
+from condor import as_root, history, job, out_of, queue_attrs, submit, testbed
 
 pytestmark = pytest.mark.e2e
 
@@ -39,3 +39,18 @@ def test_two_jobs_within_bandwidth_run_together(pool):
     rows = history(c, ["JobCurrentStartExecutingDate", "CompletionDate"], timeout=180, procs=2)
     spans = sorted((int(r[0]), int(r[1])) for r in rows)
     assert spans[1][0] < spans[0][1], f"jobs that fit together did not overlap: {spans}"
+
+
+def test_allocated_bandwidth_limits_the_job_and_lands_in_history(pool):
+    mbit, size = 50, 10_000_000
+    url = f"http://{testbed.WORLD_IP}:8000/10M.bin"
+    script = (f'import time, urllib.request; t = time.time(); n = len(urllib.request.urlopen("{url}").read()); '
+              'print(n, time.time() - t)')
+    c = submit("bw-limit", job(args="-c '" + script.replace('"', '""') + "'", extra=f"request_bandwidth = {mbit}"))
+    limit, inbytes, code = history(c, ["LarkBandwidthLimit", "NetworkIncomingBytes", "ExitCode"])
+    assert (limit, code) == (str(mbit), "0")
+    assert int(inbytes) >= size
+    n, seconds = out_of("bw-limit").split()
+    assert int(n) == size
+    # A lower bound only: the transfer cannot beat its limit (1.6 s at 50 Mbit/s); a slow VM is just slower.
+    assert float(seconds) >= size * 8 / (mbit * 1e6) * 0.9
