@@ -134,11 +134,7 @@ def plot(results: dict[str, dict], path: Path) -> bool:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="fig8: %(message)s")
-    if os.geteuid() != 0:
-        log.error("run as root: the testbed lives in its own network namespaces")
-        return 2
-    testbed.build()
-    testbed.install()
+    testbed.prepare("fig8")
     CONF.write_text("# bench/paper_fig8.py: a 1 GbE execution point\nMACHINE_RESOURCE_INVENTORY_Bandwidth =\n"
                     f"MACHINE_RESOURCE_Bandwidth = {LINK_MBIT}\n")
     servers: list[subprocess.Popen] = []

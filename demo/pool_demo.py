@@ -9,7 +9,6 @@ removes everything it started.
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -92,11 +91,7 @@ def show(clusters: dict[int, str], rows: dict[int, dict]) -> None:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="demo: %(message)s")
-    if os.geteuid() != 0:
-        log.error("run as root: the demo starts a pool in its own network namespaces")
-        return 2
-    testbed.build()
-    testbed.install()
+    testbed.prepare("demo")
     policy = (REPO / "policies/network_type_by_connectivity.ad").read_text().strip().splitlines()[-1]
     POLICY_CONF.write_text(policy + "\n")
     try:

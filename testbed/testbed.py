@@ -61,6 +61,14 @@ def in_root(argv: list[str], user: str | None = None) -> list[str]:
     return in_host(["chroot", str(ROOT), *pre, "HOME=/root", *argv])
 
 
+def prepare(who: str) -> None:
+    """For scripts that drive the pool (demo, benchmarks): root, then the cached root with this tree's Lark."""
+    if os.geteuid() != 0:
+        raise SystemExit(f"{who}: run as root: the testbed lives in its own network namespaces")
+    build()
+    install()
+
+
 def submit_as(user: str, name: str, body: str) -> int:
     """Write `body` as /home/<user>/<name>/job.sub in the pool and condor_submit it as that user; the cluster."""
     d = ROOT / "home" / user / name
