@@ -47,6 +47,12 @@ class Config:
     # Limit for jobs whose slot was allocated no Bandwidth: "unlimited", "share" (the machine's bandwidth
     # times the slot's share of its cpus), or a number of Mbit/s.
     default_bandwidth: str = "unlimited"
+    # Bridge mode: jobs get addresses on the site network through a Linux bridge.
+    bridge_name: str = "lkbr0"          # created if missing (STP off, forward delay 0), adopted if present
+    bridge_uplink: str = ""             # enslaved when Lark creates the bridge; its addresses move to the bridge
+    bridge_range: str = ""              # job addresses, "first-last" on the bridged network
+    bridge_prefix: int = 24             # prefix length of the bridged network
+    bridge_gateway: str = ""            # default route of bridged jobs
 
     @property
     def records_dir(self) -> str:
@@ -101,9 +107,25 @@ class Config:
             raise bad("inbound_ports", f"{self.inbound_ports!r} is out of 1-65535", "write it as 20000-20999")
         if self.poll_interval <= 0 or self.request_timeout <= 0:
             raise bad("poll_interval", "intervals must be positive", "use seconds, e.g. 5")
-        if self.default_network_type not in ("nat", "none"):
+        if self.default_network_type not in ("nat", "bridge", "none"):
             raise bad("default_network_type", f"{self.default_network_type!r} is not available",
-                      "use nat or none")
+                      "use nat, bridge or none")
+        if not IFNAME_RE.fullmatch(self.bridge_name) or (self.bridge_uplink and
+                                                          not IFNAME_RE.fullmatch(self.bridge_uplink)):
+            raise bad("bridge_name", f"{self.bridge_name!r}/{self.bridge_uplink!r} is not a valid interface name",
+                      "use the names `ip link` shows")
+        if self.bridge_range:
+            try:
+                lo, hi = (ipaddress.IPv4Address(x.strip()) for x in self.bridge_range.split("-"))
+                gw = ipaddress.IPv4Address(self.bridge_gateway)
+                net = ipaddress.IPv4Network(f"{gw}/{self.bridge_prefix}", strict=False)
+            except ValueError as e:
+                raise bad("bridge_range", f"{self.bridge_range!r} with gateway {self.bridge_gateway!r}: {e}",
+                          'write bridge_range = "192.0.2.100-192.0.2.199" and bridge_gateway = "192.0.2.1"') \
+                    from None
+            if not (lo <= hi and lo in net and hi in net) or lo <= gw <= hi:
+                raise bad("bridge_range", f"{self.bridge_range} must lie in {net} and not contain the gateway",
+                          "pick a range of the bridged network that its DHCP server does not hand out")
         self.default_bandwidth = str(self.default_bandwidth)
         if self.default_bandwidth not in ("unlimited", "share"):
             try:

@@ -16,7 +16,10 @@ FEATURES = [
     ("nftables", False, "NAT, isolation and counters (default firewall backend)"),
     ("iptables", False, "the same through iptables (firewall = iptables)"),
     ("bridge", False, "bridge mode"),
-    ("tc_htb", False, "rate limit toward the job"),
+    ("bridge_vlan_filtering", False, "per-job VLANs in bridge mode (else use ovs_bridge for VLANs)"),
+    ("nft_bridge", False, "bridge mode anti-spoofing and counters (nftables bridge family)"),
+    ("bridge_conntrack", False, "stateful filtering of bridged frames (Lark filters in the job's netns instead)"),
+    ("tc_htb", False, "rate limits, both directions (host-side veth and the job's eth0)"),
     ("tc_tbf", False, "rate limit toward the job"),
     ("tc_ingress", False, "rate limit from the job (with ifb)"),
     ("ifb", False, "rate limit from the job"),
@@ -47,6 +50,7 @@ def probe() -> dict[str, bool]:
         r["veth"] = try_link("dr0", kind="veth", peer={"ifname": "dr1"})
         r["bridge"] = try_link("drbr", kind="bridge")
         r["ifb"] = try_link("drifb", kind="ifb")
+        r["bridge_vlan_filtering"] = try_link("drbrv", kind="bridge", br_vlan_filtering=1)
         if r["veth"]:
             idx = ipr.link_lookup(ifname="dr0")[0]
             ipr.link("set", index=idx, state="up")
@@ -59,6 +63,10 @@ def probe() -> dict[str, bool]:
                                                 "all", "u32", "match", "u32", "0", "0", "police", "rate", "1mbit",
                                                 "burst", "10k", "drop"])
     r["nftables"] = _run(["nft", "add", "table", "inet", "lark_doctor"])
+    r["nft_bridge"] = _run(["nft", "add table bridge lark_doctor; add chain bridge lark_doctor c "
+                                   "{ type filter hook forward priority 0; }"])
+    r["bridge_conntrack"] = r["nft_bridge"] and _run(["nft", "add rule bridge lark_doctor c ct state established "
+                                                     "accept"])
     r["iptables"] = _run(["iptables", "-w", "5", "-t", "filter", "-N", "LARK-DOCTOR"])
     r["openvswitch_kernel"] = os.path.isdir("/sys/module/openvswitch") or _run(["modprobe", "-n", "openvswitch"])
     r["ovs_userspace"] = bool(shutil.which("ovs-vswitchd") and shutil.which("ovsdb-server"))
@@ -75,14 +83,14 @@ def run() -> dict[str, bool]:
 
 
 def report(results: dict[str, bool], firewall: str = "nftables") -> tuple[str, int]:
-    lines = [f"{'feature':<20} {'status':<9} {'needed':<9} use"]
+    lines = [f"{'feature':<22} {'status':<9} {'needed':<9} use"]
     missing = 0
     for name, required, use in FEATURES:
         required = required or name == firewall
         ok = results.get(name, False)
         if required and not ok:
             missing += 1
-        lines.append(f"{name:<20} {'ok' if ok else 'MISSING':<9} {'required' if required else 'optional':<9} {use}")
+        lines.append(f"{name:<22} {'ok' if ok else 'MISSING':<9} {'required' if required else 'optional':<9} {use}")
     ovs = ("kernel" if results.get("openvswitch_kernel") else
            "userspace (netdev)" if results.get("ovs_userspace") else "unavailable")
     lines.append(f"OVS datapath: {ovs}")

@@ -104,6 +104,16 @@ def address_pool(ipam_dir: str, subnet: str) -> LockPool:
     return LockPool(os.path.join(ipam_dir, str(net).replace("/", "_")), item_at, size, "IPv4 addresses")
 
 
+def range_pool(ipam_dir: str, first: str, last: str) -> LockPool:
+    """Addresses first..last inclusive, e.g. the part of a bridged site network the admin gave to jobs."""
+    lo, hi = int(ipaddress.IPv4Address(first)), int(ipaddress.IPv4Address(last))
+
+    def item_at(i: int) -> str:
+        return str(ipaddress.IPv4Address(lo + i))
+
+    return LockPool(os.path.join(ipam_dir, f"range_{first}-{last}"), item_at, hi - lo + 1, "bridged IPv4 addresses")
+
+
 def port_pool(ipam_dir: str, lo: int, hi: int) -> LockPool:
     return LockPool(os.path.join(ipam_dir, f"ports_{lo}-{hi}"), lambda i: str(lo + i), hi - lo + 1,
                     "inbound ports")

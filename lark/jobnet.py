@@ -12,18 +12,18 @@ import time
 
 from pyroute2 import IPRoute
 
-from . import links, nsutil, shaping
+from . import job_filter, links, nsutil, shaping
 from .accounting import Accountant
 from .config import Config
 from .errors import LarkError
 from .firewall.base import Firewall
-from .ipam import address_pool, port_pool
+from .attach import make_modes
+from .ipam import port_pool
 from .names import JobNames
 from .plan import NetworkPlan
 from .state import FinishedStore, JobRecord, RecordStore
 
 log = logging.getLogger(__name__)
-SUPPORTED_TYPES = ("nat", "none")
 
 
 class JobNetworker:
@@ -34,10 +34,18 @@ class JobNetworker:
         self.records = records
         self.acct = accountant
         self.finished = finished
-        self.addresses = address_pool(cfg.ipam_dir, cfg.subnet)
+        self.modes = make_modes(cfg)
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
+
+    @property
+    def pools(self) -> list:
+        return [m.pool for m in self.modes.values()] + [self.ports]
+
+    @property
+    def supported_types(self) -> list[str]:
+        return [*self.modes, "none"]
 
     def names(self, key: str) -> JobNames:
         return JobNames(key, self.cfg.netns_prefix)
@@ -47,9 +55,10 @@ class JobNetworker:
 
     def setup(self, plan: NetworkPlan, starter_pid: int, starter_start: int, job_pid: int,
               job_ns: int) -> JobRecord:
-        if plan.network_type not in SUPPORTED_TYPES:
+        if plan.has_network and plan.network_type not in self.modes:
             raise LarkError(f"network type {plan.network_type!r} is not available on this machine", job=plan.job_id,
-                            obj="NetworkType", fix=f"make the machine policy choose one of {', '.join(SUPPORTED_TYPES)}")
+                            obj="NetworkType", fix=f"make the machine policy choose one of "
+                            f"{', '.join(self.supported_types)} (bridge needs bridge_range in lark.toml)")
         n = self.names(plan.key)
         rec = JobRecord(key=plan.key, slot=plan.slot, job_id=plan.job_id, starter_pid=starter_pid,
                         starter_start=starter_start, job_pid=job_pid, netns_inode=job_ns, netns=n.netns,
@@ -79,17 +88,24 @@ class JobNetworker:
                 links.configure_job_side(ns_fd, None, None, 32, None)
                 self.records.step(rec, "loopback")
             else:
-                plan.ipv4 = self.addresses.reserve(plan.key, plan.job_id)
-                plan.gateway4 = str(self.cfg.gateway)
-                if plan.inbound:
+                mode = self.modes[plan.network_type]
+                ipr = self._host_netlink()
+                mode.prepare(ipr)
+                plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
+                plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
+                if plan.inbound and not mode.bridged:
                     plan.inbound_port = int(self.ports.reserve(plan.key, plan.job_id))
                 rec.plan = plan.to_dict()
                 self.records.step(rec, "address")
-                ipr = self._host_netlink()
-                links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id)
+                links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id, n.job_mac if mode.bridged else None)
                 self.records.step(rec, "veth")
-                host_idx = links.configure_host_side(ipr, n.host_if, plan.gateway4, plan.ipv4)
+                host_idx = ipr.link_lookup(ifname=n.host_if)[0]
+                mode.attach(ipr, host_idx, plan, n)
                 links.configure_job_side(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+                if mode.bridged and not plan.inbound:
+                    # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
+                    # job's own netns, where the job has no CAP_NET_ADMIN to change it.
+                    job_filter.block_inbound(self.netns_path(plan.key), plan.job_id)
                 if plan.rate_limit_mbit:
                     limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
                     shaping.apply(ipr, host_idx, ns_fd, n.job_if, limit, plan.job_id)
@@ -127,7 +143,8 @@ class JobNetworker:
             summary["link_bytes_out"] = link["rx_bytes"]
             summary["link_packets_out"] = link["rx_packets"]
         nsutil.detach(self.netns_path(key))
-        self.addresses.release(key)
+        for mode in self.modes.values():
+            mode.pool.release(key)
         self.ports.release(key)
         if rec and summary is not None:
             plan = rec.plan

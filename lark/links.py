@@ -10,28 +10,21 @@ from . import nsutil
 from .errors import LarkError
 
 log = logging.getLogger(__name__)
-SCOPE_LINK = 253
 RTNH_F_ONLINK = 4
 
 
-def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str) -> None:
+def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str, job_mac: str | None = None) -> None:
     # Creating the peer directly in the target netns avoids a 20 ms move between namespaces.
+    peer = {"ifname": job_if, "net_ns_fd": ns_fd}
+    if job_mac:
+        peer["address"] = job_mac
     try:
-        ipr.link("add", ifname=host_if, kind="veth", state="up", peer={"ifname": job_if, "net_ns_fd": ns_fd})
+        ipr.link("add", ifname=host_if, kind="veth", state="up", peer=peer)
     except NetlinkError as e:
         if e.code == 17:  # EEXIST: a leftover from a crashed setup of this slot
             raise LarkError("host interface already exists", job=job, obj=host_if,
                             fix="run `lark gc` to remove leftovers of a crashed setup") from None
         raise LarkError(f"cannot create veth pair: {e}", job=job, obj=host_if) from None
-
-
-def configure_host_side(ipr: IPRoute, host_if: str, gateway: str | None, job_ip: str | None) -> int:
-    idx = ipr.link_lookup(ifname=host_if)[0]
-    if gateway and job_ip:
-        # Point-to-point: the gateway address sits on every host-side veth, each job has a /32 host route.
-        ipr.addr("add", index=idx, address=gateway, prefixlen=32)
-        ipr.route("add", dst=f"{job_ip}/32", oif=idx, scope=SCOPE_LINK)
-    return idx
 
 
 def configure_job_side(ns_fd: int, job_if: str | None, job_ip: str | None, prefix: int, gateway: str | None) -> None:

@@ -47,6 +47,13 @@ class JobNames:
     def nft_id(self) -> str:
         return f"j_{self.key}"
 
+    @property
+    def job_mac(self) -> str:
+        """The job's MAC on bridged networks: locally administered, unicast, derived from the key so that
+        anti-spoofing rules and teardown never need to read it back from the kernel."""
+        h = hashlib.sha256(("mac:" + self.key).encode()).digest()
+        return "02:" + ":".join(f"{b:02x}" for b in h[:5])
+
 
 def key_from_host_if(ifname: str) -> str | None:
     if ifname.startswith(HOST_IF_PREFIX) and len(ifname) > len(HOST_IF_PREFIX):

@@ -39,14 +39,14 @@ def find_orphans(net: JobNetworker, keep: set[str]) -> dict[str, list[str]]:
                 add(key, f"link {ifname}")
     for key in net.fw.job_keys():
         add(key, f"{net.fw.name} rules")
-    for pool in (net.addresses, net.ports):
+    for pool in net.pools:
         for item, owner in pool.entries():
             add(owner, f"{pool.what} lock {item}")
     return found
 
 
 def sweep_temps(net: JobNetworker, dry_run: bool) -> list[str]:
-    dirs = [net.records.dir, net.addresses.dir, net.ports.dir]
+    dirs = [net.records.dir, *(p.dir for p in net.pools)]
     if dry_run:
         return []
     return [f"stale temp file {name}" for d in dirs for name in remove_stale_temps(d)]
@@ -61,7 +61,7 @@ def sweep(net: JobNetworker, keep: set[str], dry_run: bool = False) -> list[str]
             if SAFE_KEY.fullmatch(key):
                 net.teardown(key, "orphaned")
             # Locks whose owner key is not a valid name cannot be found by teardown; drop them by item.
-            for pool in (net.addresses, net.ports):
+            for pool in net.pools:
                 for item, owner in pool.entries():
                     if owner == key:
                         pool.drop(item)

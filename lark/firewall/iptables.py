@@ -11,6 +11,7 @@ import re
 
 from ..names import HOST_IF_PREFIX, JobNames
 from ..plan import NetworkPlan
+from ..errors import LarkError
 from .base import Counters, Firewall, run_tool
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,10 @@ class IptablesFirewall(Firewall):
         ]
 
     def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+        if plan.network_type != "nat":
+            # Bridged frames need ebtables-style filtering; Lark does that with nftables' bridge family only.
+            raise LarkError(f"{plan.network_type} mode needs the nftables firewall backend", job=plan.job_id,
+                            obj="firewall = iptables", fix='set firewall = "nftables" in lark.toml')
         cfg, k = self.cfg, names.key
         up = cfg.uplink
 

@@ -17,6 +17,18 @@ from .base import Counters, Firewall, run_tool
 log = logging.getLogger(__name__)
 WILDCARD = HOST_IF_PREFIX + "*"
 MAPS = {"pre_from_job": "pre", "fwd_from_job": "out", "fwd_to_job": "in"}
+# Bridge mode: bridged frames never reach the inet hooks (unless br_netfilter is loaded), so bridged jobs get
+# their anti-spoofing and counters in a bridge-family table of the same name.
+BR_MAPS = {"br_pre": "bpre", "br_out": "bout", "br_in": "bin"}
+JOB_CHAINS = ("pre", "out", "in", "bpre", "bout", "bin")
+
+
+def _payload(proto: str, field: str) -> dict:
+    return {"payload": {"protocol": proto, "field": field}}
+
+
+def _ne(left: dict, right) -> dict:
+    return {"match": {"op": "!=", "left": left, "right": right}}
 
 
 def _meta(key: str, value, op: str = "==") -> dict:
@@ -34,6 +46,7 @@ class NftablesFirewall(Firewall):
         super().__init__(cfg)
         self.table = cfg.nft_table
         self.t = {"family": "inet", "table": self.table}
+        self.tb = {"family": "bridge", "table": self.table}
 
     # -- plumbing -------------------------------------------------------------------------------------
     def _nft(self, argv: list[str], payload: str, what: str) -> tuple[int, str, str]:
@@ -57,8 +70,59 @@ class NftablesFirewall(Firewall):
             raise LarkError(f"nft list failed: {err.strip()[:300]}", obj=f"nft table inet {self.table}")
         return json.loads(out).get("nftables", []) if out.strip() else []
 
-    def _rule(self, chain: str, *expr: dict) -> dict:
-        return {"add": {"rule": {**self.t, "chain": chain, "expr": list(expr)}}}
+    def _rule(self, chain: str, *expr: dict, t: dict | None = None) -> dict:
+        return {"add": {"rule": {**(t or self.t), "chain": chain, "expr": list(expr)}}}
+
+    def _bridge_base(self) -> list[dict]:
+        tb = self.tb
+        cmds: list[dict] = [{"add": {"table": {"family": "bridge", "name": self.table}}}]
+        for name in BR_MAPS:
+            cmds.append({"add": {"map": {**tb, "name": name, "type": "ifname", "map": "verdict"}}})
+        for name, hook, prio in (("pre", "prerouting", -300), ("fwd", "forward", 0), ("inp", "input", 0)):
+            cmds.append({"add": {"chain": {**tb, "name": name, "type": "filter", "hook": hook, "prio": prio,
+                                           "policy": "accept"}}})
+            cmds.append({"flush": {"chain": {**tb, "name": name}}})
+        cmds += [
+            # Frames from a job port go through its anti-spoofing chain; ports Lark does not know are dropped.
+            self._rule("pre", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_pre"}}, t=tb),
+            self._rule("pre", _meta("iifname", WILDCARD), {"drop": None}, t=tb),
+            # Counting chains return, so a frame between two jobs is counted for both.
+            self._rule("fwd", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_out"}}, t=tb),
+            self._rule("fwd", {"vmap": {"key": {"meta": {"key": "oifname"}}, "data": "@br_in"}}, t=tb),
+        ]
+        if not self.cfg.allow_job_to_host:
+            cmds.append(self._rule("inp", _meta("iifname", WILDCARD), {"drop": None}, t=tb))
+        return cmds
+
+    def _bridge_job(self, plan: NetworkPlan, names: JobNames) -> list[dict]:
+        tb, j = self.tb, names.nft_id
+        cmds: list[dict] = [{"add": {"counter": {**tb, "name": f"{j}_in"}}},
+                            {"add": {"counter": {**tb, "name": f"{j}_out"}}}]
+        for suffix in ("bpre", "bout", "bin"):
+            cmds.append({"add": {"chain": {**tb, "name": f"{j}_{suffix}"}}})
+            cmds.append({"flush": {"chain": {**tb, "name": f"{j}_{suffix}"}}})
+        ether_ip, ether_arp = _meta("protocol", "ip"), _meta("protocol", "arp")
+        cmds += [
+            self._rule(f"{j}_bpre", _ne(_payload("ether", "saddr"), names.job_mac), {"drop": None}, t=tb),
+            self._rule(f"{j}_bpre", ether_ip, _ne(_payload("ip", "saddr"), plan.ipv4), {"drop": None}, t=tb),
+            self._rule(f"{j}_bpre", ether_arp, _ne(_payload("arp", "saddr ip"), plan.ipv4), {"drop": None}, t=tb),
+            self._rule(f"{j}_bpre", ether_arp, _ne(_payload("arp", "saddr ether"), names.job_mac), {"drop": None},
+                       t=tb),
+            self._rule(f"{j}_bpre", _meta("protocol", "ip6"), {"drop": None}, t=tb),
+            self._rule(f"{j}_bpre", {"accept": None}, t=tb),
+            self._rule(f"{j}_bout", ether_ip, {"counter": f"{j}_out"}, t=tb),
+            self._rule(f"{j}_bin", ether_ip, {"counter": f"{j}_in"}, t=tb),
+        ]
+        for mapname, suffix in BR_MAPS.items():
+            verdict = "goto" if suffix == "bpre" else "jump"
+            cmds.append({"add": {"element": {**tb, "name": mapname,
+                                             "elem": [[names.host_if, {verdict: {"target": f"{j}_{suffix}"}}]]}}})
+        # With br_netfilter loaded, bridged IP also crosses the inet hooks: let the job's port through there
+        # (the bridge table above already filtered it) instead of hitting the unknown-job-interface drops.
+        for mapname in MAPS:
+            cmds.append({"add": {"element": {**self.t, "name": mapname,
+                                             "elem": [[names.host_if, {"accept": None}]]}}})
+        return cmds
 
     # -- shared objects -------------------------------------------------------------------------------
     def ensure_base(self) -> None:
@@ -104,17 +168,24 @@ class NftablesFirewall(Firewall):
         ]
         self._apply(cmds, f"nft table inet {self.table}")
 
+    def _tables(self) -> list[str]:
+        return [o["table"]["family"] for o in self._list("tables") if "table" in o
+                and o["table"].get("name") == self.table and o["table"].get("family") in ("inet", "bridge")]
+
     def destroy_base(self) -> None:
-        if self.base_present():
-            self._apply([{"delete": {"table": {"family": "inet", "name": self.table}}}],
-                        f"nft table inet {self.table}")
+        for family in self._tables():
+            self._apply([{"delete": {"table": {"family": family, "name": self.table}}}],
+                        f"nft table {family} {self.table}")
 
     def base_present(self) -> bool:
-        return any("table" in o for o in self._list("tables", "inet")
-                   if o.get("table", {}).get("name") == self.table)
+        return bool(self._tables())
 
     # -- per job --------------------------------------------------------------------------------------
     def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+        if plan.network_type == "bridge":
+            self._apply(self._bridge_base() + self._bridge_job(plan, names),
+                        f"nft bridge rules of job {plan.job_id} ({names.host_if})")
+            return
         cfg, t, j = self.cfg, self.t, names.nft_id
         c_in, c_out = f"{j}_in", f"{j}_out"
         est = _ct_state("established", "related")
@@ -150,44 +221,50 @@ class NftablesFirewall(Firewall):
             cmds.append({"add": {"element": {**t, "name": "inbound", "elem": [[plan.inbound_port, plan.ipv4]]}}})
         self._apply(cmds, f"nft rules of job {plan.job_id} ({names.host_if})")
 
+    def _table_objs(self) -> list[tuple[dict, list[dict]]]:
+        """(table selector, listing) for each of Lark's tables that exists."""
+        out = []
+        for family in self._tables():
+            t = self.t if family == "inet" else self.tb
+            out.append((t, self._list("table", family, self.table)))
+        return out
+
     def remove_job(self, names: JobNames) -> Counters | None:
         j = names.nft_id
-        # One listing serves both the final counter reading and the delete batch.
-        objs = self._list("table", "inet", self.table)
-        if not objs:
-            return None
-        final = Counters()
-        t = self.t
+        final, found = Counters(), False
         cmds: list[dict] = []
-        for o in objs:
-            m = o.get("map")
-            if m and m.get("name") in MAPS:
-                for key, _ in m.get("elem", []):
-                    if key == names.host_if:
-                        cmds.append({"delete": {"element": {**t, "name": m["name"], "elem": [key]}}})
-            if m and m.get("name") == "inbound":
-                addrs = self._job_addresses(objs, j)
-                for key, addr in m.get("elem", []):
-                    if addr in addrs:
-                        cmds.append({"delete": {"element": {**t, "name": "inbound", "elem": [key]}}})
-        chains = [o["chain"]["name"] for o in objs if "chain" in o and o["chain"]["name"].startswith(j + "_")
-                  and o["chain"]["name"][len(j) + 1:] in ("pre", "out", "in")]
-        for c in chains:
-            cmds.append({"flush": {"chain": {**t, "name": c}}})
-        for c in chains:
-            cmds.append({"delete": {"chain": {**t, "name": c}}})
-        for o in objs:
-            c = o.get("counter")
-            if c and c["name"] in (f"{j}_in", f"{j}_out"):
-                if c["name"].endswith("_in"):
-                    final.bytes_in, final.packets_in = c["bytes"], c["packets"]
-                else:
-                    final.bytes_out, final.packets_out = c["bytes"], c["packets"]
-                cmds.append({"delete": {"counter": {**t, "name": c["name"]}}})
+        # One listing per table serves both the final counter reading and the delete batch.
+        for t, objs in self._table_objs():
+            for o in objs:
+                m = o.get("map")
+                if m and m.get("name") in (*MAPS, *BR_MAPS):
+                    for key, _ in m.get("elem", []):
+                        if key == names.host_if:
+                            cmds.append({"delete": {"element": {**t, "name": m["name"], "elem": [key]}}})
+                if m and m.get("name") == "inbound":
+                    addrs = self._job_addresses(objs, j)
+                    for key, addr in m.get("elem", []):
+                        if addr in addrs:
+                            cmds.append({"delete": {"element": {**t, "name": "inbound", "elem": [key]}}})
+            chains = [o["chain"]["name"] for o in objs if "chain" in o and o["chain"]["name"].startswith(j + "_")
+                      and o["chain"]["name"][len(j) + 1:] in JOB_CHAINS]
+            cmds += [{"flush": {"chain": {**t, "name": c}}} for c in chains]
+            cmds += [{"delete": {"chain": {**t, "name": c}}} for c in chains]
+            for o in objs:
+                c = o.get("counter")
+                if c and c["name"] in (f"{j}_in", f"{j}_out"):
+                    found = True
+                    if c["name"].endswith("_in"):
+                        final.bytes_in += c["bytes"]
+                        final.packets_in += c["packets"]
+                    else:
+                        final.bytes_out += c["bytes"]
+                        final.packets_out += c["packets"]
+                    cmds.append({"delete": {"counter": {**t, "name": c["name"]}}})
         if not cmds:
             return None
         self._apply(cmds, f"nft rules of {names.host_if}")
-        return final
+        return final if found else Counters()
 
     @staticmethod
     def _job_addresses(objs: list[dict], j: str) -> set[str]:
@@ -204,29 +281,32 @@ class NftablesFirewall(Firewall):
 
     def read_counters(self) -> dict[str, Counters]:
         out: dict[str, Counters] = {}
-        for o in self._list("counters", "table", "inet", self.table):
-            c = o.get("counter")
-            if not c or not c["name"].startswith("j_"):
-                continue
-            base, _, direction = c["name"].rpartition("_")
-            key = base[2:]
-            cur = out.setdefault(key, Counters())
-            if direction == "in":
-                cur.bytes_in, cur.packets_in = c["bytes"], c["packets"]
-            elif direction == "out":
-                cur.bytes_out, cur.packets_out = c["bytes"], c["packets"]
+        for family in self._tables():
+            for o in self._list("counters", "table", family, self.table):
+                c = o.get("counter")
+                if not c or not c["name"].startswith("j_"):
+                    continue
+                base, _, direction = c["name"].rpartition("_")
+                cur = out.setdefault(base[2:], Counters())
+                if direction == "in":
+                    cur.bytes_in += c["bytes"]
+                    cur.packets_in += c["packets"]
+                elif direction == "out":
+                    cur.bytes_out += c["bytes"]
+                    cur.packets_out += c["packets"]
         return out
 
     def job_keys(self) -> set[str]:
         keys = set()
-        for o in self._list("table", "inet", self.table):
-            for kind in ("chain", "counter"):
-                name = o.get(kind, {}).get("name", "")
-                if name.startswith("j_"):
-                    keys.add(name[2:].rpartition("_")[0])
-            m = o.get("map")
-            if m and m.get("name") in MAPS:
-                for key, _ in m.get("elem", []):
-                    if isinstance(key, str) and key.startswith(HOST_IF_PREFIX):
-                        keys.add(key[len(HOST_IF_PREFIX):])
+        for _, objs in self._table_objs():
+            for o in objs:
+                for kind in ("chain", "counter"):
+                    name = o.get(kind, {}).get("name", "")
+                    if name.startswith("j_"):
+                        keys.add(name[2:].rpartition("_")[0])
+                m = o.get("map")
+                if m and m.get("name") in (*MAPS, *BR_MAPS):
+                    for key, _ in m.get("elem", []):
+                        if isinstance(key, str) and key.startswith(HOST_IF_PREFIX):
+                            keys.add(key[len(HOST_IF_PREFIX):])
         return keys

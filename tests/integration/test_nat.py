@@ -2,11 +2,11 @@
 import json
 import os
 import subprocess
-import time
 
 import pytest
 
 from helpers.fakehost import HOST_IP, WORLD_IP, sh
+from helpers.waits import finished, wait_ready
 
 BACKENDS = ["nftables", "iptables"]
 
@@ -14,20 +14,6 @@ BACKENDS = ["nftables", "iptables"]
 @pytest.fixture(params=BACKENDS)
 def fw_host(request, fakehost_factory):
     return fakehost_factory(firewall=request.param)
-
-
-def finished(host, job_id, timeout=10):
-    """The final accounting larkd writes when the starter exits (asynchronously, so wait for it)."""
-    d = os.path.join(host.cfg.state_dir, "finished")
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for name in sorted(os.listdir(d)):
-            with open(os.path.join(d, name)) as f:
-                s = json.load(f)
-            if s["job_id"] == job_id:
-                return s
-        time.sleep(0.05)
-    raise AssertionError(f"no final accounting for job {job_id} in {os.listdir(d)}")
 
 
 def assert_counted(s, direction, payload):
@@ -40,16 +26,6 @@ def assert_counted(s, direction, payload):
     l3 = s[f"link_bytes_{direction}"] - 14 * s[f"link_packets_{direction}"]
     assert abs(counted - l3) / l3 < 0.005, (counted, l3, s)
     assert payload <= counted < payload * 1.05, (counted, payload, s)
-
-
-def wait_ready(host, slot, timeout=15):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        for j in host.status():
-            if j.get("slot") == slot and j.get("phase") == "ready":
-                return j
-        time.sleep(0.05)
-    raise AssertionError(f"{slot} never became ready:\n{host.larkd_log()}")
 
 
 def test_download_through_nat_counted_and_torn_down(fw_host):

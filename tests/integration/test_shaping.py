@@ -5,23 +5,18 @@ beat its limit; a slow machine only makes it slower), so they can not flake on a
 """
 import json
 import re
-import time
 
 import pytest
 
 from helpers.fakehost import WORLD_IP, sh
+from helpers.waits import wait_ready
 
 MB = 1_000_000
 
 
 def job_netns(host, slot):
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        for j in host.status():
-            if j.get("slot") == slot and j.get("phase") == "ready":
-                return j["netns"], j["host_if"]
-        time.sleep(0.05)
-    raise AssertionError(f"{slot} never became ready:\n{host.larkd_log()}")
+    j = wait_ready(host, slot)
+    return j["netns"], j["host_if"]
 
 
 def htb_rate_bit(host, argv_prefix, dev):

@@ -1,0 +1,23 @@
+"""A stateful filter inside a job's own netns, for modes where the host cannot track the job's connections
+(bridged frames, and this machine's kernel has no bridge conntrack). The job cannot change it: its netns
+belongs to the initial user namespace and the job has no CAP_NET_ADMIN there.
+"""
+from __future__ import annotations
+
+from .firewall.base import run_tool
+
+RULES = """table inet lark_job {
+  chain input {
+    type filter hook input priority 0; policy drop;
+    iif "lo" accept
+    ct state established,related accept
+    meta l4proto icmp icmp type { destination-unreachable, time-exceeded, parameter-problem } accept
+  }
+}
+"""
+
+
+def block_inbound(netns_path: str, job: str) -> None:
+    """No new connections into the job; replies to its own connections pass."""
+    run_tool(["nsenter", f"--net={netns_path}", "nft", "-f", "-"], input=RULES,
+             what=f"inbound filter of job {job}")
