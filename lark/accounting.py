@@ -1,4 +1,5 @@
-"""Per-job traffic totals and rates from polled firewall counters."""
+"""Per-job traffic totals and rates from polled firewall counters (or, for modes whose frames never cross
+netfilter, from the job's veth)."""
 from __future__ import annotations
 
 import threading
@@ -37,19 +38,47 @@ class JobUsage:
         }
 
 
+ETH_HEADER = 14
+
+
+def link_reading(stats: dict) -> Counters:
+    """IP-level counters from the host end of a job's veth: its tx goes toward the job. The device counts
+    Ethernet frames; 14 bytes a packet are taken off so the figures mean what netfilter counters mean."""
+    return Counters(bytes_in=max(stats["tx_bytes"] - ETH_HEADER * stats["tx_packets"], 0),
+                    bytes_out=max(stats["rx_bytes"] - ETH_HEADER * stats["rx_packets"], 0),
+                    packets_in=stats["tx_packets"], packets_out=stats["rx_packets"])
+
+
 class Accountant:
     def __init__(self, firewall: Firewall):
         self.fw = firewall
         self.jobs: dict[str, JobUsage] = {}
+        self.link_ifs: dict[str, str] = {}   # key -> host veth, for jobs counted by their link
         self._lock = threading.Lock()
 
-    def start(self, key: str, started: float | None = None) -> None:
+    def start(self, key: str, started: float | None = None, link_if: str | None = None) -> None:
         with self._lock:
             self.jobs.setdefault(key, JobUsage(started=started or time.time()))
+            if link_if:
+                self.link_ifs[key] = link_if
+
+    def _link_readings(self) -> dict[str, Counters]:
+        if not self.link_ifs:
+            return {}
+        from pyroute2 import IPRoute
+        by_name = {}
+        with IPRoute() as ipr:
+            for link in ipr.get_links():
+                stats = link.get_attr("IFLA_STATS64")
+                if stats:
+                    by_name[link.get_attr("IFLA_IFNAME")] = dict(stats)
+        return {key: link_reading(by_name[ifname]) for key, ifname in list(self.link_ifs.items())
+                if ifname in by_name}
 
     def poll(self) -> None:
         """One read of every counter; cheap enough to run every few seconds with hundreds of jobs."""
         readings = self.fw.read_counters()
+        readings.update(self._link_readings())
         now = time.time()
         with self._lock:
             for key, usage in self.jobs.items():
@@ -65,6 +94,7 @@ class Accountant:
         """
         now = time.time()
         with self._lock:
+            self.link_ifs.pop(key, None)
             usage = self.jobs.pop(key, None)
             if usage is None:
                 if reading is None or started is None:

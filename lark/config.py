@@ -53,6 +53,12 @@ class Config:
     bridge_range: str = ""              # job addresses, "first-last" on the bridged network
     bridge_prefix: int = 24             # prefix length of the bridged network
     bridge_gateway: str = ""            # default route of bridged jobs
+    # Open vSwitch mode ("ovs_bridge"): same addressing keys as bridge mode.
+    ovs_bridge_name: str = "lkovs0"
+    ovs_uplink: str = ""
+    ovs_db: str = "unix:/var/run/openvswitch/db.sock"
+    ovs_rundir: str = "/var/run/openvswitch"   # where ovs-vswitchd puts <bridge>.mgmt
+    ovs_datapath: str = "auto"          # "system" (kernel module), "netdev" (userspace), or auto-detect
 
     @property
     def records_dir(self) -> str:
@@ -107,13 +113,17 @@ class Config:
             raise bad("inbound_ports", f"{self.inbound_ports!r} is out of 1-65535", "write it as 20000-20999")
         if self.poll_interval <= 0 or self.request_timeout <= 0:
             raise bad("poll_interval", "intervals must be positive", "use seconds, e.g. 5")
-        if self.default_network_type not in ("nat", "bridge", "none"):
+        if self.default_network_type not in ("nat", "bridge", "ovs_bridge", "none"):
             raise bad("default_network_type", f"{self.default_network_type!r} is not available",
-                      "use nat, bridge or none")
-        if not IFNAME_RE.fullmatch(self.bridge_name) or (self.bridge_uplink and
-                                                          not IFNAME_RE.fullmatch(self.bridge_uplink)):
-            raise bad("bridge_name", f"{self.bridge_name!r}/{self.bridge_uplink!r} is not a valid interface name",
-                      "use the names `ip link` shows")
+                      "use nat, bridge, ovs_bridge or none")
+        for key in ("bridge_name", "bridge_uplink", "ovs_bridge_name", "ovs_uplink"):
+            v = getattr(self, key)
+            if (v or key.endswith("_name")) and not IFNAME_RE.fullmatch(v):
+                raise bad(key, f"{v!r} is not a valid interface name", "use a name `ip link` would accept")
+        if self.ovs_datapath not in ("auto", "system", "netdev"):
+            raise bad("ovs_datapath", f"unknown datapath {self.ovs_datapath!r}", "use auto, system or netdev")
+        if not re.fullmatch(r"(unix:|tcp:|ssl:)[\w./:\[\]-]+", self.ovs_db):
+            raise bad("ovs_db", f"{self.ovs_db!r} is not an OVSDB remote", "e.g. unix:/var/run/openvswitch/db.sock")
         if self.bridge_range:
             try:
                 lo, hi = (ipaddress.IPv4Address(x.strip()) for x in self.bridge_range.split("-"))

@@ -13,7 +13,7 @@ import time
 from pyroute2 import IPRoute
 
 from . import job_filter, links, nsutil, shaping
-from .accounting import Accountant
+from .accounting import Accountant, link_reading
 from .config import Config
 from .errors import LarkError
 from .firewall.base import Firewall
@@ -90,7 +90,7 @@ class JobNetworker:
             else:
                 mode = self.modes[plan.network_type]
                 ipr = self._host_netlink()
-                mode.prepare(ipr)
+                mode.ensure_prepared(ipr)
                 plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
                 plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
                 if plan.inbound and not mode.bridged:
@@ -111,7 +111,7 @@ class JobNetworker:
                     shaping.apply(ipr, host_idx, ns_fd, n.job_if, limit, plan.job_id)
                     rec.steps.append("shaping")
                 self.fw.add_job(plan, n)
-                self.acct.start(plan.key, rec.created)
+                self.acct.start(plan.key, rec.created, n.host_if if mode.counts_by_link else None)
                 rec.steps += ["addressing", "firewall"]
         finally:
             os.close(ns_fd)
@@ -132,9 +132,16 @@ class JobNetworker:
         if rec:
             rec.phase = "tearing-down"
             self.records.save(rec)
-        summary = self.acct.final(key, self.fw.remove_job(n), rec.created if rec else None)
         ipr = self._host_netlink()
         link = links.link_stats(ipr, n.host_if)
+        reading = self.fw.remove_job(n)
+        mode = self.modes.get(rec.plan.get("network_type", "")) if rec else None
+        if mode is not None and mode.counts_by_link and link:
+            reading = link_reading(link)
+        summary = self.acct.final(key, reading, rec.created if rec else None)
+        # A record names the job's mode; an orphan found by gc may be in any of them.
+        for m in ([mode] if mode is not None else [m for m in self.modes.values() if key in m.job_keys()]):
+            m.detach(n)
         links.delete_link(ipr, n.host_if)
         if summary is not None and link:
             # The device's own view, for cross-checking the netfilter counters: host-side tx = toward the job.

@@ -70,3 +70,23 @@ def link_stats(ipr: IPRoute, ifname: str) -> dict | None:
         return None
     stats = ipr.get_links(idx[0])[0].get_attr("IFLA_STATS64")
     return dict(stats) if stats else None
+
+
+def take_over_uplink(ipr: IPRoute, up: int, br: int, br_name: str, enslave: bool = True) -> None:
+    """Move the uplink's IPv4 addresses, default route and MAC to a new bridge, then enslave the uplink, so the
+    host keeps its connectivity (and the site's ARP caches see no change) when the uplink joins the bridge."""
+    addrs = [(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=up, family=2)]
+    gws = [r.get_attr("RTA_GATEWAY") for r in ipr.get_routes(family=2, oif=up)
+           if r["dst_len"] == 0 and r.get_attr("RTA_GATEWAY")]
+    ipr.link("set", index=br, address=ipr.get_links(up)[0].get_attr("IFLA_ADDRESS"))
+    if enslave:
+        ipr.link("set", index=up, master=br)
+    for addr, plen in addrs:
+        ipr.addr("del", index=up, address=addr, prefixlen=plen)
+        ipr.addr("add", index=br, address=addr, prefixlen=plen)
+    ipr.link("set", index=br, state="up")
+    for gw in gws:
+        try:
+            ipr.route("replace", dst="0.0.0.0/0", gateway=gw, oif=br)
+        except NetlinkError as e:
+            log.warning("could not move the default route via %s to %s: %s", gw, br_name, e)

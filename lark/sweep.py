@@ -39,6 +39,9 @@ def find_orphans(net: JobNetworker, keep: set[str]) -> dict[str, list[str]]:
                 add(key, f"link {ifname}")
     for key in net.fw.job_keys():
         add(key, f"{net.fw.name} rules")
+    for mode in net.modes.values():
+        for key in mode.job_keys():
+            add(key, f"{mode.name} port")
     for pool in net.pools:
         for item, owner in pool.entries():
             add(owner, f"{pool.what} lock {item}")

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import abc
+import threading
 
 from pyroute2 import IPRoute
 
 from ..config import Config
-from ..ipam import LockPool
+from ..ipam import LockPool, range_pool
 from ..names import JobNames
 from ..plan import NetworkPlan
 
@@ -14,9 +15,16 @@ from ..plan import NetworkPlan
 class AttachMode(abc.ABC):
     name = "abstract"
     bridged = False        # True: the job is a station on a shared L2 network (needs its own MAC)
+    counts_by_link = False  # True: traffic bypasses netfilter; the accountant reads the veth's counters
 
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self._prepare_lock = threading.Lock()
+
+    def ensure_prepared(self, ipr: IPRoute) -> None:
+        # Concurrent first setups must not both create the bridge or both move the uplink's addresses.
+        with self._prepare_lock:
+            self.prepare(ipr)
 
     @property
     @abc.abstractmethod
@@ -39,3 +47,34 @@ class AttachMode(abc.ABC):
     @abc.abstractmethod
     def attach(self, ipr: IPRoute, host_idx: int, plan: NetworkPlan, names: JobNames) -> None:
         """Connect the host end of the job's veth (already up) to this mode's network."""
+
+    def detach(self, names: JobNames) -> bool:
+        """Undo what `attach` did beyond the veth (which teardown deletes); safe to repeat."""
+        return False
+
+    def job_keys(self) -> set[str]:
+        """Keys of jobs that still have objects of this mode (for gc)."""
+        return set()
+
+
+class BridgedMode(AttachMode):
+    """Modes that put the job on the site network: addresses from `bridge_range`, the site's gateway."""
+    bridged = True
+
+    def __init__(self, cfg: Config):
+        super().__init__(cfg)
+        first, last = (x.strip() for x in cfg.bridge_range.split("-"))
+        self._pool = range_pool(cfg.ipam_dir, first, last)
+        self._ready = False
+
+    @property
+    def pool(self) -> LockPool:
+        return self._pool
+
+    @property
+    def gateway(self) -> str:
+        return self.cfg.bridge_gateway
+
+    @property
+    def prefix(self) -> int:
+        return self.cfg.bridge_prefix

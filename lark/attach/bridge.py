@@ -12,38 +12,18 @@ import logging
 import os
 
 from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 
 from ..errors import LarkError
-from ..ipam import LockPool, range_pool
+from ..links import take_over_uplink
 from ..names import JobNames
 from ..plan import NetworkPlan
-from .base import AttachMode
+from .base import BridgedMode
 
 log = logging.getLogger(__name__)
 
 
-class BridgeMode(AttachMode):
+class BridgeMode(BridgedMode):
     name = "bridge"
-    bridged = True
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        first, last = (x.strip() for x in cfg.bridge_range.split("-"))
-        self._pool = range_pool(cfg.ipam_dir, first, last)
-        self._ready = False
-
-    @property
-    def pool(self) -> LockPool:
-        return self._pool
-
-    @property
-    def gateway(self) -> str:
-        return self.cfg.bridge_gateway
-
-    @property
-    def prefix(self) -> int:
-        return self.cfg.bridge_prefix
 
     @property
     def created_marker(self) -> str:
@@ -75,23 +55,7 @@ class BridgeMode(AttachMode):
             if not found:
                 raise LarkError(f"bridge uplink {uplink} does not exist", obj="bridge_uplink",
                                 fix="name the interface toward the site network, or leave it empty")
-            up = found[0]
-            addrs = [(a.get_attr("IFA_ADDRESS"), a["prefixlen"]) for a in ipr.get_addr(index=up, family=2)]
-            routes = [r for r in ipr.get_routes(family=2, oif=up) if r["dst_len"] == 0]
-            gws = [r.get_attr("RTA_GATEWAY") for r in routes if r.get_attr("RTA_GATEWAY")]
-            # Same L2 address as the uplink: the site's switches and ARP caches see no change.
-            mac = ipr.get_links(up)[0].get_attr("IFLA_ADDRESS")
-            ipr.link("set", index=br, address=mac)
-            ipr.link("set", index=up, master=br)
-            for addr, plen in addrs:
-                ipr.addr("del", index=up, address=addr, prefixlen=plen)
-                ipr.addr("add", index=br, address=addr, prefixlen=plen)
-            ipr.link("set", index=br, state="up")
-            for gw in gws:
-                try:
-                    ipr.route("replace", dst="0.0.0.0/0", gateway=gw, oif=br)
-                except NetlinkError as e:
-                    log.warning("could not move the default route via %s to %s: %s", gw, name, e)
+            take_over_uplink(ipr, found[0], br, name)
         ipr.link("set", index=br, state="up")
         log.info("created bridge %s%s", name, f" with uplink {uplink}" if uplink else "")
 

@@ -182,6 +182,8 @@ class NftablesFirewall(Firewall):
 
     # -- per job --------------------------------------------------------------------------------------
     def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+        if plan.network_type == "ovs_bridge":
+            return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
         if plan.network_type == "bridge":
             self._apply(self._bridge_base() + self._bridge_job(plan, names),
                         f"nft bridge rules of job {plan.job_id} ({names.host_if})")

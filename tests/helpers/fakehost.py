@@ -40,9 +40,14 @@ def build_starter(dest_dir: str) -> str:
 
 
 class FakeHost:
-    def __init__(self, tmp: str, starter: str, firewall: str = "nftables", **cfg_overrides):
+    def __init__(self, tmp: str, starter: str, firewall: str = "nftables", ovs: bool = False, **cfg_overrides):
         self.id = secrets.token_hex(3)
         self.tmp = Path(tmp)
+        self.ovs = None
+        if ovs:
+            from .ovs import PrivateOVS
+            self.ovs = PrivateOVS(str(self.tmp / "ovs"), f"lark-test-host-{self.id}")
+            cfg_overrides.update(ovs_db=f"unix:{self.ovs.sock}", ovs_rundir=str(self.ovs.dir))
         self.host_ns = f"lark-test-host-{self.id}"
         self.world_ns = f"lark-test-world-{self.id}"
         self.starter = starter
@@ -73,6 +78,8 @@ class FakeHost:
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.procs.append(world)
         assert world.stdout.readline().strip() == "ready", "world servers did not start"
+        if self.ovs:
+            self.ovs.start()
         self.start_larkd()
         return self
 
@@ -158,7 +165,19 @@ class FakeHost:
             locks = sorted(str(p.relative_to(ipam)) for p in ipam.rglob("*") if p.is_file()
                            and not p.name.startswith("."))
         records = sorted(os.listdir(self.cfg.records_dir)) if os.path.isdir(self.cfg.records_dir) else []
-        return {"netns": netns, "links": lk, "fw": per_job, "elements": elems, "locks": locks, "records": records}
+        out = {"netns": netns, "links": lk, "fw": per_job, "elements": elems, "locks": locks, "records": records}
+        if self.ovs:
+            ovs_ports = [p for p in self.ovs.vsctl("list-ports", self.cfg.ovs_bridge_name).split()
+                         if p.startswith("lk-")] if self.ovs.vsctl("list-br").split() else []
+            ovs_ports += [f"flow {line.strip()}" for line in self.ovs_flows() if "cookie=0x0" not in line]
+            out["ovs"] = ovs_ports
+        return out
+
+    def ovs_flows(self) -> list[str]:
+        if not self.ovs or self.cfg.ovs_bridge_name not in self.ovs.vsctl("list-br").split():
+            return []
+        cp = sh(["ovs-ofctl", "--names", "dump-flows", f"unix:{self.ovs.dir}/{self.cfg.ovs_bridge_name}.mgmt"], check=False)
+        return [line for line in cp.stdout.splitlines() if "cookie=" in line]
 
     def wait_clean(self, timeout: float = 10) -> dict:
         deadline = time.time() + timeout
@@ -179,6 +198,8 @@ class FakeHost:
                     pass
         # Offline sweep with this host's own config, then drop the namespaces themselves.
         self.lark("gc", "--purge", check=False)
+        if self.ovs:
+            self.ovs.close()
         for name in os.listdir("/run/netns"):
             if name.startswith(self.cfg.netns_prefix):
                 sh(["umount", f"/run/netns/{name}"], check=False)

@@ -27,3 +27,20 @@ def wait_ready(host, slot: str, timeout: float = 15) -> dict:
                 return j
         time.sleep(0.05)
     raise AssertionError(f"{slot} never became ready:\n{host.larkd_log()}")
+
+
+def assert_transfers_limited(host, slot: str, cluster: int, mbit: int, world_ip: str, size: int = 3_000_000):
+    """A job downloads then uploads `size` bytes with `Bandwidth = mbit` allocated; neither direction may
+    beat the limit. A lower bound on time only: a slow machine makes it slower, never faster."""
+    (host.www / f"{size}.bin").write_bytes(b"\0" * size)
+    ad = f"ClusterId = {cluster}\nProcId = 0"
+    host.publish_ad(slot, ad, f"Bandwidth = {mbit}")
+    p = host.spawn_job(slot, ["timed-download-upload", f"http://{world_ip}:8000/{size}.bin", world_ip, "7001",
+                              str(size)], job_ad=ad)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err + host.larkd_log()
+    r = json.loads(out)
+    assert r["downloaded"] == r["uploaded"] == size
+    floor = size * 8 / (mbit * 1e6) * 0.9
+    assert r["down_s"] >= floor and r["up_s"] >= floor, r
+    return r

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from helpers.fakehost import HOST_IP, WORLD_IP, sh
-from helpers.waits import finished, wait_ready
+from helpers.waits import assert_transfers_limited, finished, wait_ready
 
 BRIDGE_CFG = dict(default_network_type="bridge", bridge_name="lkbr0", bridge_uplink="up0",
                   bridge_range="198.51.100.100-198.51.100.149", bridge_prefix=24, bridge_gateway=WORLD_IP)
@@ -83,15 +83,8 @@ def test_bridged_job_with_inbound_accepts_connections_on_its_own_address(bhost):
 
 
 def test_bridge_mode_limits_apply(bhost):
-    (bhost.www / "3M.bin").write_bytes(b"\0" * 3_000_000)
-    bhost.publish_ad("slot4", "ClusterId = 36\nProcId = 0", "Bandwidth = 30")
-    p = bhost.spawn_job("slot4", ["timed-download-upload", f"http://{WORLD_IP}:8000/3M.bin", WORLD_IP, "7001",
-                                  "3000000"], job_ad="ClusterId = 36\nProcId = 0")
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 0, err + bhost.larkd_log()
-    r = json.loads(out)
-    floor = 3_000_000 * 8 / 30e6 * 0.9
-    assert r["down_s"] >= floor and r["up_s"] >= floor, r
+    assert_transfers_limited(bhost, "slot4", 36, 30, WORLD_IP)
+
 
 
 def test_bridge_mode_refused_with_iptables(fakehost_factory):
