@@ -53,6 +53,8 @@ class Config:
     bridge_range: str = ""              # job addresses, "first-last" on the bridged network
     bridge_prefix: int = 24             # prefix length of the bridged network
     bridge_gateway: str = ""            # default route of bridged jobs
+    dhcp_release: bool = False          # release a job's lease when it ends (else cache it for the slot's next job)
+    dhcp_renew_interval: float = 0.0    # renew at least this often (s); 0: at the server's T1 only
     # Open vSwitch mode ("ovs_bridge"): same addressing keys as bridge mode.
     ovs_bridge_name: str = "lkovs0"
     ovs_uplink: str = ""

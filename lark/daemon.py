@@ -111,6 +111,10 @@ class Larkd:
                 await self.loop.run_in_executor(self.pool, self.acct.poll)
             except Exception as e:  # a failed poll must not end polling
                 log.error("counter poll failed: %s", e)
+            try:
+                await self.loop.run_in_executor(self.pool, self.net.renew_leases, set(self.active))
+            except Exception as e:
+                log.error("DHCP renewal pass failed: %s", e)
 
     # -- requests -------------------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -12,7 +12,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from . import job_filter, links, nsutil, shaping
+from . import dhcp, job_filter, links, nsutil, shaping
 from .accounting import Accountant, link_reading
 from .config import Config
 from .errors import LarkError
@@ -35,6 +35,7 @@ class JobNetworker:
         self.acct = accountant
         self.finished = finished
         self.modes = make_modes(cfg)
+        self.leases = dhcp.LeaseCache(os.path.join(cfg.state_dir, "leases"))
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
@@ -91,8 +92,10 @@ class JobNetworker:
                 mode = self.modes[plan.network_type]
                 ipr = self._host_netlink()
                 mode.ensure_prepared(ipr)
-                plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
-                plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
+                use_dhcp = mode.bridged and plan.address_type == "dhcp"
+                if not use_dhcp:
+                    plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
+                    plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
                 if plan.inbound and not mode.bridged:
                     plan.inbound_port = int(self.ports.reserve(plan.key, plan.job_id))
                 rec.plan = plan.to_dict()
@@ -101,7 +104,18 @@ class JobNetworker:
                 self.records.step(rec, "veth")
                 host_idx = ipr.link_lookup(ifname=n.host_if)[0]
                 mode.attach(ipr, host_idx, plan, n)
-                links.configure_job_side(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+                if use_dhcp:
+                    links.configure_job_side(ns_fd, n.job_if, None, 32, None)  # lo and eth0 up, no address yet
+                    lease = self._dhcp_lease(plan, n, ns_fd)
+                    plan.ipv4, plan.ipv4_prefix = lease.address, lease.prefix
+                    plan.gateway4 = lease.router or mode.gateway
+                    plan.dhcp = lease.to_dict()
+                    rec.plan = plan.to_dict()
+                    self.records.step(rec, "dhcp")
+                    links.add_job_address(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+                else:
+                    links.configure_job_side(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+                mode.secure(plan, n)
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
                     # job's own netns, where the job has no CAP_NET_ADMIN to change it.
@@ -118,6 +132,65 @@ class JobNetworker:
         rec.phase = "ready"
         self.records.save(rec)
 
+    def _dhcp_lease(self, plan: NetworkPlan, n: JobNames, ns_fd: int) -> dhcp.Lease:
+        """The slot's cached lease while it is fresh (no DISCOVER at all), else a new one from the server."""
+        cached = self.leases.get(plan.key)
+        if cached is not None and cached.usable():
+            log.info("job %s reuses the slot's DHCP lease %s (server %s)", plan.job_id, cached.address, cached.server)
+            return cached
+        with nsutil.entered(ns_fd):
+            lease = dhcp.Client(n.job_if, n.job_mac, plan.job_id).acquire()
+        self.leases.put(plan.key, lease)
+        log.info("job %s got DHCP lease %s/%d from %s for %d s", plan.job_id, lease.address, lease.prefix,
+                 lease.server, lease.lease_time)
+        return lease
+
+    def renew_leases(self, keys: set[str]) -> None:
+        """Renew the leases of running DHCP jobs that are due (T1, or dhcp_renew_interval when shorter)."""
+        now = time.time()
+        for key in keys:
+            rec = self.records.load(key)
+            if not rec or not rec.plan.get("dhcp") or rec.phase != "ready":
+                continue
+            lease = dhcp.Lease.from_dict(rec.plan["dhcp"])
+            every = self.cfg.dhcp_renew_interval
+            if not (lease.renew_due(now) or (every and now >= lease.obtained + every)):
+                continue
+            n = self.names(key)
+            try:
+                fd = os.open(self.netns_path(key), os.O_RDONLY)
+                try:
+                    with nsutil.entered(fd):
+                        new = dhcp.Client(n.job_if, n.job_mac, rec.job_id).renew(lease)
+                finally:
+                    os.close(fd)
+            except (LarkError, OSError) as e:
+                log.error("DHCP renewal for job %s (%s) failed, will retry: %s", rec.job_id, lease.address, e)
+                continue
+            if new.address != lease.address:
+                log.error("DHCP server gave job %s a different address on renewal (%s, had %s); keeping %s",
+                          rec.job_id, new.address, lease.address, lease.address)
+                continue
+            rec.plan["dhcp"] = new.to_dict()
+            self.records.save(rec)
+            self.leases.put(key, new)
+            log.info("renewed DHCP lease %s of job %s for %d s", new.address, rec.job_id, new.lease_time)
+
+    def _release_lease(self, key: str, rec) -> None:
+        if not (rec and rec.plan.get("dhcp") and self.cfg.dhcp_release):
+            return
+        lease = dhcp.Lease.from_dict(rec.plan["dhcp"])
+        try:
+            fd = os.open(self.netns_path(key), os.O_RDONLY)
+            try:
+                with nsutil.entered(fd):
+                    dhcp.Client(self.names(key).job_if, self.names(key).job_mac, rec.job_id).release(lease)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.warning("could not release DHCP lease %s of job %s: %s", lease.address, rec.job_id, e)
+        self.leases.drop(key)
+
     def _host_netlink(self) -> IPRoute:
         # One netlink socket per worker thread, reused across jobs (opening one costs ~1 ms).
         ipr = getattr(self._local, "ipr", None)
@@ -132,6 +205,7 @@ class JobNetworker:
         if rec:
             rec.phase = "tearing-down"
             self.records.save(rec)
+        self._release_lease(key, rec)
         ipr = self._host_netlink()
         link = links.link_stats(ipr, n.host_if)
         reading = self.fw.remove_job(n)

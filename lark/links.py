@@ -42,6 +42,15 @@ def configure_job_side(ns_fd: int, job_if: str | None, job_ip: str | None, prefi
             nipr.route("add", dst="0.0.0.0/0", gateway=gateway, oif=idx, flags=RTNH_F_ONLINK)
 
 
+def add_job_address(ns_fd: int, job_if: str, job_ip: str, prefix: int, gateway: str | None) -> None:
+    """Address and default route on a job device that is already up (after DHCP)."""
+    with nsutil.netlink_in(ns_fd) as nipr:
+        idx = nipr.link_lookup(ifname=job_if)[0]
+        nipr.addr("add", index=idx, address=job_ip, prefixlen=prefix)
+        if gateway:
+            nipr.route("add", dst="0.0.0.0/0", gateway=gateway, oif=idx, flags=RTNH_F_ONLINK)
+
+
 def delete_link(ipr: IPRoute, ifname: str) -> bool:
     """Delete a link if present; deleting one end of a veth removes both. Safe to repeat."""
     idx = ipr.link_lookup(ifname=ifname)

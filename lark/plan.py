@@ -27,6 +27,7 @@ class NetworkPlan:
     ipv4_prefix: int = 32
     gateway4: str | None = None
     inbound_port: int | None = None   # NAT mode with InboundConnectivity: host port forwarded to the job
+    dhcp: dict | None = None          # AddressType dhcp: the lease (address, server, times), see dhcp.Lease
     decided_by: dict = field(default_factory=dict)  # field -> what decided it (attribute, expression, callout)
 
     @property

@@ -48,6 +48,9 @@ class AttachMode(abc.ABC):
     def attach(self, ipr: IPRoute, host_idx: int, plan: NetworkPlan, names: JobNames) -> None:
         """Connect the host end of the job's veth (already up) to this mode's network."""
 
+    def secure(self, plan: NetworkPlan, names: JobNames) -> None:
+        """Per-job filtering this mode does itself, once the job's address is known (after DHCP)."""
+
     def detach(self, names: JobNames) -> bool:
         """Undo what `attach` did beyond the veth (which teardown deletes); safe to repeat."""
         return False

@@ -94,6 +94,9 @@ class OvsMode(BridgedMode):
         if plan.vlan is not None:
             args += ["--", "set", "port", port, f"tag={int(plan.vlan)}"]
         self.vsctl(*args)
+
+    def secure(self, plan: NetworkPlan, names: JobNames) -> None:
+        port = names.host_if
         c = cookie_of(names.key)
         mac, ip = names.job_mac, plan.ipv4
         flows = (f"cookie={c},priority=100,in_port={port},dl_src={mac},ip,nw_src={ip},actions=NORMAL\n"

@@ -85,6 +85,13 @@ class NftablesFirewall(Firewall):
         cmds += [
             # Frames from a job port go through its anti-spoofing chain; ports Lark does not know are dropped.
             self._rule("pre", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_pre"}}, t=tb),
+            # A port gets its map entry once its address is known; before that, while larkd runs DHCP for
+            # it (the job is not running yet), only DHCP client messages may leave it.
+            self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip"),
+                       {"match": {"op": "==", "left": _payload("ip", "saddr"), "right": "0.0.0.0"}},
+                       {"match": {"op": "==", "left": _payload("udp", "sport"), "right": 68}},
+                       {"match": {"op": "==", "left": _payload("udp", "dport"), "right": 67}},
+                       {"accept": None}, t=tb),
             self._rule("pre", _meta("iifname", WILDCARD), {"drop": None}, t=tb),
             # Counting chains return, so a frame between two jobs is counted for both.
             self._rule("fwd", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_out"}}, t=tb),
