@@ -36,6 +36,7 @@ class Config:
     # [network]
     uplink: str = "eth0"
     subnet: str = "10.213.0.0/16"
+    subnet6: str = ""                   # IPv6 for NAT mode (NAT66), e.g. "fd00:213::/64"; "" = no IPv6
     firewall: str = "nftables"          # or "iptables"
     nft_table: str = "lark"
     allow_job_to_job: bool = False
@@ -53,6 +54,9 @@ class Config:
     bridge_range: str = ""              # job addresses, "first-last" on the bridged network
     bridge_prefix: int = 24             # prefix length of the bridged network
     bridge_gateway: str = ""            # default route of bridged jobs
+    bridge_range6: str = ""             # bridged IPv6 job addresses, "first-last"; "" = no IPv6 when bridged
+    bridge_prefix6: int = 64
+    bridge_gateway6: str = ""
     dhcp_release: bool = False          # release a job's lease when it ends (else cache it for the slot's next job)
     dhcp_renew_interval: float = 0.0    # renew at least this often (s); 0: at the server's T1 only
     # Open vSwitch mode ("ovs_bridge"): same addressing keys as bridge mode.
@@ -138,6 +142,25 @@ class Config:
             if not (lo <= hi and lo in net and hi in net) or lo <= gw <= hi:
                 raise bad("bridge_range", f"{self.bridge_range} must lie in {net} and not contain the gateway",
                           "pick a range of the bridged network that its DHCP server does not hand out")
+        if self.subnet6:
+            try:
+                net6 = ipaddress.IPv6Network(self.subnet6)
+            except ValueError as e:
+                raise bad("subnet6", str(e), 'give an IPv6 network such as "fd00:213::/64"') from None
+            if net6.prefixlen > 120:
+                raise bad("subnet6", f"{self.subnet6} is too small", "use a /64 (or up to /120)")
+        if self.bridge_range6:
+            try:
+                lo6, hi6 = (ipaddress.IPv6Address(x.strip()) for x in self.bridge_range6.split("-"))
+                gw6 = ipaddress.IPv6Address(self.bridge_gateway6)
+            except ValueError as e:
+                raise bad("bridge_range6", f"{self.bridge_range6!r} with gateway {self.bridge_gateway6!r}: {e}",
+                          'write bridge_range6 = "2001:db8::100-2001:db8::1ff" and bridge_gateway6') from None
+            if lo6 <= gw6 <= hi6:
+                raise bad("bridge_range6", f"{self.bridge_range6} contains the gateway {gw6}", "exclude the gateway")
+            if not lo6 <= hi6 or int(hi6) - int(lo6) > 1 << 20:
+                raise bad("bridge_range6", f"{self.bridge_range6} is empty or larger than 2^20 addresses",
+                          "give first-last of at most a million addresses")
         self.default_bandwidth = str(self.default_bandwidth)
         if self.default_bandwidth not in ("unlimited", "share"):
             try:

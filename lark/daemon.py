@@ -53,6 +53,11 @@ class Larkd:
         if cfg.enable_ip_forward:
             with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
                 f.write("1")
+            if cfg.subnet6:
+                # NAT66 routes jobs' IPv6 too. Note: a host that forwards ignores router advertisements
+                # unless its uplink has accept_ra = 2 (docs/admin.md).
+                with open("/proc/sys/net/ipv6/conf/all/forwarding", "w") as f:
+                    f.write("1")
         self.fw.ensure_base()
 
     def reconcile(self) -> list[tuple[str, int]]:
@@ -275,6 +280,9 @@ def env_for(plan: dict) -> dict:
     if plan.get("ipv4"):
         env["LARK_IPV4_ADDRESS"] = plan["ipv4"]
         env["LARK_GATEWAY"] = plan.get("gateway4") or ""
+    if plan.get("ipv6"):
+        env["LARK_IPV6_ADDRESS"] = plan["ipv6"]
+        env["LARK_GATEWAY6"] = plan.get("gateway6") or ""
     if plan.get("inbound_port"):
         env["LARK_INBOUND_PORT"] = str(plan["inbound_port"])
     return env

@@ -28,6 +28,8 @@ def job_attributes(stats: dict) -> dict[str, str]:
         attrs["LarkNetworkType"] = f'"{plan.get("network_type", "")}"'
         if plan.get("ipv4"):
             attrs["LarkIPv4Address"] = f'"{plan["ipv4"]}"'
+        if plan.get("ipv6"):
+            attrs["LarkIPv6Address"] = f'"{plan["ipv6"]}"'
         if plan.get("inbound_port"):
             attrs["LarkInboundPort"] = str(int(plan["inbound_port"]))
         if plan.get("rate_limit_mbit"):

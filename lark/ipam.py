@@ -104,6 +104,28 @@ def address_pool(ipam_dir: str, subnet: str) -> LockPool:
     return LockPool(os.path.join(ipam_dir, str(net).replace("/", "_")), item_at, size, "IPv4 addresses")
 
 
+def address_pool6(ipam_dir: str, subnet6: str, limit: int = 1 << 16) -> LockPool:
+    """IPv6 job addresses: ::2 upward (::1 is the gateway); a /64 is far more than a machine needs."""
+    net = ipaddress.IPv6Network(subnet6)
+    first = int(net.network_address) + 2
+
+    def item_at(i: int) -> str:
+        return str(ipaddress.IPv6Address(first + i))
+
+    return LockPool(os.path.join(ipam_dir, str(net).replace("/", "_").replace(":", "-")), item_at,
+                    min(net.num_addresses - 2, limit), "IPv6 addresses")
+
+
+def range_pool6(ipam_dir: str, first: str, last: str) -> LockPool:
+    lo, hi = int(ipaddress.IPv6Address(first)), int(ipaddress.IPv6Address(last))
+
+    def item_at(i: int) -> str:
+        return str(ipaddress.IPv6Address(lo + i))
+
+    return LockPool(os.path.join(ipam_dir, f"range6_{first}-{last}".replace(":", "-")), item_at, hi - lo + 1,
+                    "bridged IPv6 addresses")
+
+
 def range_pool(ipam_dir: str, first: str, last: str) -> LockPool:
     """Addresses first..last inclusive, e.g. the part of a bridged site network the admin gave to jobs."""
     lo, hi = int(ipaddress.IPv4Address(first)), int(ipaddress.IPv4Address(last))

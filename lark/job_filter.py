@@ -12,6 +12,7 @@ RULES = """table inet lark_job {
     iif "lo" accept
     ct state established,related accept
     meta l4proto icmp icmp type { destination-unreachable, time-exceeded, parameter-problem } accept
+    meta l4proto ipv6-icmp accept
   }
 }
 """

@@ -42,7 +42,8 @@ class JobNetworker:
 
     @property
     def pools(self) -> list:
-        return [m.pool for m in self.modes.values()] + [self.ports]
+        return ([m.pool for m in self.modes.values()] + [m.pool6 for m in self.modes.values() if m.pool6]
+                + [self.ports])
 
     @property
     def supported_types(self) -> list[str]:
@@ -92,10 +93,19 @@ class JobNetworker:
                 mode = self.modes[plan.network_type]
                 ipr = self._host_netlink()
                 mode.ensure_prepared(ipr)
-                use_dhcp = mode.bridged and plan.address_type == "dhcp"
-                if not use_dhcp:
+                use_dhcp = mode.bridged and plan.address_type == "dhcp" and plan.wants_ipv4
+                if plan.wants_ipv4 and not use_dhcp:
                     plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
                     plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
+                if plan.wants_ipv6:
+                    if mode.pool6 is None:
+                        raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
+                                        obj="IPProtocol", fix="set subnet6 (NAT) or bridge_range6 (bridged) in "
+                                        "lark.toml, or advertise IPProtocol = \"IPv4\" on this machine")
+                    plan.ipv6 = mode.pool6.reserve(plan.key, plan.job_id)
+                    plan.gateway6, plan.ipv6_prefix = mode.gateway6, mode.prefix6
+                    # Before the job's device exists, so it inherits it: no DAD delay on its addresses.
+                    nsutil.write_sysctl_in(ns_fd, "net.ipv6.conf.default.accept_dad", "0")
                 if plan.inbound and not mode.bridged:
                     plan.inbound_port = int(self.ports.reserve(plan.key, plan.job_id))
                 rec.plan = plan.to_dict()
@@ -115,6 +125,8 @@ class JobNetworker:
                     links.add_job_address(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
                 else:
                     links.configure_job_side(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+                if plan.ipv6:
+                    links.add_job_address6(ns_fd, n.job_if, plan.ipv6, plan.ipv6_prefix, plan.gateway6)
                 mode.secure(plan, n)
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
@@ -224,9 +236,8 @@ class JobNetworker:
             summary["link_bytes_out"] = link["rx_bytes"]
             summary["link_packets_out"] = link["rx_packets"]
         nsutil.detach(self.netns_path(key))
-        for mode in self.modes.values():
-            mode.pool.release(key)
-        self.ports.release(key)
+        for pool in self.pools:
+            pool.release(key)
         if rec and summary is not None:
             plan = rec.plan
             summary.update({"job_id": rec.job_id, "slot": rec.slot, "key": key, "ended": time.time(),

@@ -11,6 +11,7 @@ from .errors import LarkError
 
 log = logging.getLogger(__name__)
 RTNH_F_ONLINK = 4
+IFA_F_NODAD = 0x02
 
 
 def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str, job_mac: str | None = None) -> None:
@@ -49,6 +50,15 @@ def add_job_address(ns_fd: int, job_if: str, job_ip: str, prefix: int, gateway: 
         nipr.addr("add", index=idx, address=job_ip, prefixlen=prefix)
         if gateway:
             nipr.route("add", dst="0.0.0.0/0", gateway=gateway, oif=idx, flags=RTNH_F_ONLINK)
+
+
+def add_job_address6(ns_fd: int, job_if: str, ip6: str, prefix6: int, gateway6: str | None) -> None:
+    """IPv6 address without duplicate address detection, and a default route onlink via the gateway."""
+    with nsutil.netlink_in(ns_fd) as nipr:
+        idx = nipr.link_lookup(ifname=job_if)[0]
+        nipr.addr("add", index=idx, address=ip6, prefixlen=prefix6, flags=IFA_F_NODAD)
+        if gateway6:
+            nipr.route("add", dst="::/0", gateway=gateway6, oif=idx, flags=RTNH_F_ONLINK, family=10)
 
 
 def delete_link(ipr: IPRoute, ifname: str) -> bool:

@@ -26,6 +26,9 @@ class NetworkPlan:
     ipv4: str | None = None           # filled by address allocation
     ipv4_prefix: int = 32
     gateway4: str | None = None
+    ipv6: str | None = None
+    ipv6_prefix: int = 128
+    gateway6: str | None = None
     inbound_port: int | None = None   # NAT mode with InboundConnectivity: host port forwarded to the job
     dhcp: dict | None = None          # AddressType dhcp: the lease (address, server, times), see dhcp.Lease
     decided_by: dict = field(default_factory=dict)  # field -> what decided it (attribute, expression, callout)
@@ -33,6 +36,14 @@ class NetworkPlan:
     @property
     def has_network(self) -> bool:
         return self.network_type != "none"
+
+    @property
+    def wants_ipv4(self) -> bool:
+        return "IPv4" in self.ip_protocol.split("+")
+
+    @property
+    def wants_ipv6(self) -> bool:
+        return "IPv6" in self.ip_protocol.split("+")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -7,7 +7,7 @@ import threading
 from pyroute2 import IPRoute
 
 from ..config import Config
-from ..ipam import LockPool, range_pool
+from ..ipam import LockPool, range_pool, range_pool6
 from ..names import JobNames
 from ..plan import NetworkPlan
 
@@ -20,6 +20,11 @@ class AttachMode(abc.ABC):
     def __init__(self, cfg: Config):
         self.cfg = cfg
         self._prepare_lock = threading.Lock()
+
+    # IPv6: None when this mode has no IPv6 configured (jobs that want it are then refused).
+    pool6: LockPool | None = None
+    gateway6: str | None = None
+    prefix6: int = 128
 
     def ensure_prepared(self, ipr: IPRoute) -> None:
         # Concurrent first setups must not both create the bridge or both move the uplink's addresses.
@@ -69,6 +74,10 @@ class BridgedMode(AttachMode):
         first, last = (x.strip() for x in cfg.bridge_range.split("-"))
         self._pool = range_pool(cfg.ipam_dir, first, last)
         self._ready = False
+        if cfg.bridge_range6:
+            first6, last6 = (x.strip() for x in cfg.bridge_range6.split("-"))
+            self.pool6 = range_pool6(cfg.ipam_dir, first6, last6)
+            self.gateway6, self.prefix6 = cfg.bridge_gateway6, cfg.bridge_prefix6
 
     @property
     def pool(self) -> LockPool:

@@ -99,10 +99,14 @@ class OvsMode(BridgedMode):
         port = names.host_if
         c = cookie_of(names.key)
         mac, ip = names.job_mac, plan.ipv4
-        flows = (f"cookie={c},priority=100,in_port={port},dl_src={mac},ip,nw_src={ip},actions=NORMAL\n"
-                 f"cookie={c},priority=100,in_port={port},dl_src={mac},arp,arp_spa={ip},arp_sha={mac},"
-                 f"actions=NORMAL\n"
-                 f"cookie={c},priority=90,in_port={port},actions=drop\n")
+        allow = []
+        if ip:
+            allow += [f"ip,nw_src={ip}", f"arp,arp_spa={ip},arp_sha={mac}"]
+        if plan.ipv6:
+            # Its address, and link-local / unspecified sources for neighbour discovery.
+            allow += [f"ipv6,ipv6_src={plan.ipv6}", "ipv6,ipv6_src=fe80::/10", "ipv6,ipv6_src=::"]
+        flows = "".join(f"cookie={c},priority=100,in_port={port},dl_src={mac},{m},actions=NORMAL\n" for m in allow)
+        flows += f"cookie={c},priority=90,in_port={port},actions=drop\n"
         self.ofctl("add-flows", "-", input=flows)
 
     def detach(self, names: JobNames) -> bool:

@@ -96,6 +96,9 @@ class IptablesFirewall(Firewall):
     def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
         if plan.network_type == "ovs_bridge":
             return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
+        if plan.ipv6:
+            raise LarkError("IPv6 jobs need the nftables firewall backend", job=plan.job_id,
+                            obj="firewall = iptables", fix='set firewall = "nftables" in lark.toml')
         if plan.network_type != "nat":
             # Bridged frames need ebtables-style filtering; Lark does that with nftables' bridge family only.
             raise LarkError(f"{plan.network_type} mode needs the nftables firewall backend", job=plan.job_id,

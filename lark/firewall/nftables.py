@@ -5,6 +5,7 @@ single atomic transaction of map elements, chains and named counters, with no ru
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 
@@ -73,6 +74,21 @@ class NftablesFirewall(Firewall):
     def _rule(self, chain: str, *expr: dict, t: dict | None = None) -> dict:
         return {"add": {"rule": {**(t or self.t), "chain": chain, "expr": list(expr)}}}
 
+    def _antispoof(self, chain: str, plan: NetworkPlan, t: dict | None = None) -> list[dict]:
+        out = []
+        fam = {"family": "nfproto"} if (t or self.t)["family"] == "inet" else {"family": "protocol"}
+        v4, v6 = ("ipv4", "ipv6") if fam["family"] == "nfproto" else ("ip", "ip6")
+        if plan.ipv4:
+            out.append(self._rule(chain, _ne(_payload("ip", "saddr"), plan.ipv4), {"drop": None}, t=t))
+        else:
+            out.append(self._rule(chain, _meta(fam["family"], v4), {"drop": None}, t=t))
+        if plan.ipv6:
+            allowed = {"set": [plan.ipv6, "::", {"prefix": {"addr": "fe80::", "len": 10}}]}
+            out.append(self._rule(chain, _ne(_payload("ip6", "saddr"), allowed), {"drop": None}, t=t))
+        else:
+            out.append(self._rule(chain, _meta(fam["family"], v6), {"drop": None}, t=t))
+        return out
+
     def _bridge_base(self) -> list[dict]:
         tb = self.tb
         cmds: list[dict] = [{"add": {"table": {"family": "bridge", "name": self.table}}}]
@@ -108,17 +124,17 @@ class NftablesFirewall(Firewall):
         for suffix in ("bpre", "bout", "bin"):
             cmds.append({"add": {"chain": {**tb, "name": f"{j}_{suffix}"}}})
             cmds.append({"flush": {"chain": {**tb, "name": f"{j}_{suffix}"}}})
-        ether_ip, ether_arp = _meta("protocol", "ip"), _meta("protocol", "arp")
+        ether_arp = _meta("protocol", "arp")
         cmds += [
             self._rule(f"{j}_bpre", _ne(_payload("ether", "saddr"), names.job_mac), {"drop": None}, t=tb),
-            self._rule(f"{j}_bpre", ether_ip, _ne(_payload("ip", "saddr"), plan.ipv4), {"drop": None}, t=tb),
-            self._rule(f"{j}_bpre", ether_arp, _ne(_payload("arp", "saddr ip"), plan.ipv4), {"drop": None}, t=tb),
+            *self._antispoof(f"{j}_bpre", plan, t=tb),
+            self._rule(f"{j}_bpre", ether_arp, _ne(_payload("arp", "saddr ip"), plan.ipv4 or "0.0.0.0"),
+                       {"drop": None}, t=tb),
             self._rule(f"{j}_bpre", ether_arp, _ne(_payload("arp", "saddr ether"), names.job_mac), {"drop": None},
                        t=tb),
-            self._rule(f"{j}_bpre", _meta("protocol", "ip6"), {"drop": None}, t=tb),
             self._rule(f"{j}_bpre", {"accept": None}, t=tb),
-            self._rule(f"{j}_bout", ether_ip, {"counter": f"{j}_out"}, t=tb),
-            self._rule(f"{j}_bin", ether_ip, {"counter": f"{j}_in"}, t=tb),
+            self._rule(f"{j}_bout", _meta("protocol", {"set": ["ip", "ip6"]}), {"counter": f"{j}_out"}, t=tb),
+            self._rule(f"{j}_bin", _meta("protocol", {"set": ["ip", "ip6"]}), {"counter": f"{j}_in"}, t=tb),
         ]
         for mapname, suffix in BR_MAPS.items():
             verdict = "goto" if suffix == "bpre" else "jump"
@@ -158,6 +174,10 @@ class NftablesFirewall(Firewall):
             self._rule("fwd", _meta("iifname", WILDCARD), drop),
             self._rule("fwd", _meta("oifname", WILDCARD), drop),
             self._rule("inp", _meta("iifname", WILDCARD), _ct_state("established", "related"), {"accept": None}),
+            # Neighbour discovery with the gateway address on the host end of the veth (IPv6's ARP).
+            self._rule("inp", _meta("iifname", WILDCARD), {"match": {"op": "==", "left": _payload("icmpv6", "type"),
+                       "right": {"set": ["nd-neighbor-solicit", "nd-neighbor-advert", "nd-router-solicit"]}}},
+                       {"accept": None}),
         ]
         if not cfg.allow_job_to_host:
             cmds.append(self._rule("inp", _meta("iifname", WILDCARD), drop))
@@ -173,6 +193,13 @@ class NftablesFirewall(Firewall):
                                                        "len": cfg.network.prefixlen}}}},
                        {"masquerade": None}),
         ]
+        if cfg.subnet6:
+            net6 = ipaddress.IPv6Network(cfg.subnet6)
+            cmds.append(self._rule("nat_post", _meta("oifname", cfg.uplink),
+                                   {"match": {"op": "==", "left": _payload("ip6", "saddr"),
+                                              "right": {"prefix": {"addr": str(net6.network_address),
+                                                                   "len": net6.prefixlen}}}},
+                                   {"masquerade": None}))
         self._apply(cmds, f"nft table inet {self.table}")
 
     def _tables(self) -> list[str]:
@@ -205,10 +232,10 @@ class NftablesFirewall(Firewall):
         for suffix in ("pre", "out", "in"):
             cmds.append({"add": {"chain": {**t, "name": f"{j}_{suffix}"}}})
             cmds.append({"flush": {"chain": {**t, "name": f"{j}_{suffix}"}}})
-        # Anti-spoofing: only the job's own IPv4 address may enter the host from its veth.
-        cmds.append(self._rule(f"{j}_pre", {"match": {"op": "!=", "left": {"payload": {
-            "protocol": "ip", "field": "saddr"}}, "right": plan.ipv4}}, {"drop": None}))
-        cmds.append(self._rule(f"{j}_pre", _meta("nfproto", "ipv6"), {"drop": None}))
+        # Anti-spoofing: only the job's own addresses may enter the host from its veth (and, for IPv6, its
+        # link-local and unspecified sources, which neighbour discovery needs). A family it has none of is
+        # dropped whole.
+        cmds += self._antispoof(f"{j}_pre", plan)
         cmds.append(self._rule(f"{j}_out", est, {"counter": c_out}, {"accept": None}))
         if plan.outbound:
             cmds.append(self._rule(f"{j}_out", _meta("oifname", cfg.uplink), _ct_state("new"),
