@@ -33,6 +33,16 @@ def open_dir(prefix: str) -> str:
     return d
 
 
+def modes() -> dict[str, dict]:
+    """Each attach mode this machine has, as a fake-host configuration (bridged ones take the uplink)."""
+    bridged = dict(bridge_uplink="up0", bridge_range="198.51.100.100-198.51.100.149", bridge_gateway=WORLD_IP)
+    out = {"nat": {}, "bridge": dict(default_network_type="bridge", **bridged)}
+    if shutil.which("ovs-vswitchd"):
+        out["ovs_bridge"] = dict(ovs=True, default_network_type="ovs_bridge", ovs_uplink="up0",
+                                 ovs_datapath="netdev", **bridged)
+    return out
+
+
 def measure(host: FakeHost, slot: str, limit: int, direction: str, n: int) -> float | None:
     job_ad = f"ClusterId = {n}\nProcId = 0"
     host.publish_ad(slot, job_ad, f"Bandwidth = {limit}")
@@ -55,11 +65,10 @@ def main() -> int:
         return 2
     tmp = open_dir("lark-bwbench-")
     starter = build_starter(tmp)
-    modes = ["nat"]  # bridge and ovs_bridge join as their fake-host setups land
     rows = []
     n = 100
-    for mode in modes:
-        host = FakeHost(open_dir("lark-bwhost-"), starter, default_network_type=mode).start()
+    for mode, cfg in modes().items():
+        host = FakeHost(open_dir("lark-bwhost-"), starter, **cfg).start()
         try:
             iperf = subprocess.Popen(host.in_world(["iperf3", "-s", "-p", "5201"]), stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
@@ -69,20 +78,20 @@ def main() -> int:
                     n += 1
                     bps = measure(host, f"slot{n}", limit, direction, n)
                     rows.append((mode, limit, direction, bps))
-                    log.info("%s %5d Mbit/s %-4s -> %s", mode, limit, direction,
+                    log.info("%-10s %5d Mbit/s %-4s -> %s", mode, limit, direction,
                              f"{bps / 1e6:.1f} Mbit/s" if bps else "failed")
         finally:
             host.close()
     shutil.rmtree(tmp, ignore_errors=True)
 
-    print(f"\n{'mode':<6} {'limit Mbit/s':>12} {'direction':<10} {'goodput Mbit/s':>15} {'ratio':>7}")
+    print(f"\n{'mode':<10} {'limit Mbit/s':>12} {'direction':<10} {'goodput Mbit/s':>15} {'ratio':>7}")
     ratios = []
     for mode, limit, direction, bps in rows:
         ratio = bps / (limit * 1e6) if bps else None
         if ratio:
             ratios.append(ratio)
         label = "toward job" if direction == "down" else "from job"
-        print(f"{mode:<6} {limit:>12} {label:<10} {bps / 1e6 if bps else float('nan'):>15.1f} "
+        print(f"{mode:<10} {limit:>12} {label:<10} {bps / 1e6 if bps else float('nan'):>15.1f} "
               f"{ratio if ratio else float('nan'):>7.3f}")
     if not ratios:
         print("no measurement succeeded")

@@ -11,6 +11,7 @@ import concurrent.futures
 import json
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def wait_unshared(procs):
             time.sleep(0.001)
 
 
-def lark_runner(tmp: str):
+def lark_runner(tmp: str, mode: str = "nat", address_type: str = "static", **extra):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from lark.accounting import Accountant
     from lark.config import Config
@@ -50,7 +51,8 @@ def lark_runner(tmp: str):
     from lark import nsutil
 
     cfg = Config(run_dir=f"{tmp}/run", state_dir=f"{tmp}/state", netns_prefix=f"lark-b{secrets.token_hex(2)}-",
-                 uplink="up0", subnet="10.214.0.0/22").validate()
+                 uplink="up0", subnet="10.214.0.0/22", bridge_name="lkbr0", bridge_range="10.216.0.100-10.216.0.250",
+                 bridge_gateway="10.216.0.1", **extra).validate()
     fw = make_firewall(cfg)
     fw.ensure_base()
     nsutil.ensure_netns_dir(cfg.netns_dir)
@@ -59,7 +61,7 @@ def lark_runner(tmp: str):
 
     def setup(i: int, pid: int) -> float:
         key = f"b{i}"
-        plan = NetworkPlan(job_id=f"{i}.0", slot=key, key=key)
+        plan = NetworkPlan(job_id=f"{i}.0", slot=key, key=key, network_type=mode, address_type=address_type)
         t = time.perf_counter()
         net.setup(plan, os.getpid(), 0, pid, nsutil.netns_inode_of_pid(pid))
         return (time.perf_counter() - t) * 1000
@@ -69,7 +71,7 @@ def lark_runner(tmp: str):
         net.teardown(f"b{i}", "bench")
         return (time.perf_counter() - t) * 1000
 
-    return setup, teardown, fw
+    return setup, teardown, fw, net
 
 
 def cni_runner(tmp: str):
@@ -89,9 +91,29 @@ def cni_runner(tmp: str):
     return (lambda i, pid: call("ADD", i, pid)), (lambda i, pid: call("DEL", i, pid))
 
 
+def run_mode(tmp: str, label: str, n: int, mode: str, address_type: str = "static", cold: bool = False,
+             **extra) -> tuple[list[float], list[float]]:
+    setup, teardown, fw, net = lark_runner(f"{tmp}/{label.replace(' ', '_')}", mode, address_type, **extra)
+    procs = spawn_jobs(n)
+    wait_unshared(procs)
+    s_times, t_times = [], []
+    try:
+        for i, p in enumerate(procs):
+            key = f"b{i % 4}" if address_type == "dhcp" else f"b{i}"  # DHCP: a few slots, so leases recur
+            if cold:
+                net.leases.drop(key)
+            s_times.append(setup(int(key[1:]), p.pid))
+            t_times.append(teardown(int(key[1:])))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    return s_times, t_times
+
+
 def inner() -> None:
     tmp = tempfile.mkdtemp(prefix="lark-bench-")
-    setup, teardown, fw = lark_runner(tmp)
+    setup, teardown, fw, _ = lark_runner(tmp)
     cni_add, cni_del = cni_runner(tmp)
     rows = []
     # Lark sequential
@@ -117,17 +139,70 @@ def inner() -> None:
     for p in procs:
         p.kill(); p.wait()
     fw.destroy_base()
+    # Bridged modes: the bench makes the bridge (larkd adopts it) and a DHCP server on it.
+    # The DHCP server sits in its own namespace on the bridge, as on a site network (jobs may not talk to
+    # the host itself over the bridge).
+    site = f"{os.environ['LARK_BENCH_NETNS']}-site"
+    subprocess.run(["ip", "link", "add", "lkbr0", "type", "bridge", "forward_delay", "0"], check=True)
+    subprocess.run(["ip", "link", "set", "lkbr0", "up"], check=True)
+    subprocess.run(["ip", "netns", "add", site], check=True)
+    subprocess.run(["ip", "link", "add", "site0", "type", "veth", "peer", "name", "dh0", "netns", site], check=True)
+    subprocess.run(["ip", "link", "set", "site0", "master", "lkbr0", "up"], check=True)
+    subprocess.run(["ip", "-n", site, "addr", "add", "10.216.0.1/24", "dev", "dh0"], check=True)
+    subprocess.run(["ip", "-n", site, "link", "set", "dh0", "up"], check=True)
+    dnsmasq = subprocess.Popen(["nsenter", f"--net=/run/netns/{site}",
+                                "dnsmasq", "--keep-in-foreground", "--no-ping", "--port=0", "--user=root",
+                                "--interface=dh0", "--bind-interfaces", "--conf-file=/dev/null", "--pid-file=",
+                                "--dhcp-range=10.216.0.2,10.216.0.99,255.255.255.0,1h",
+                                f"--dhcp-leasefile={tmp}/dnsmasq.leases", "--dhcp-authoritative"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    modes = {}
+    try:
+        n = max(N_SEQ // 2, 10)
+        modes["bridge static"] = run_mode(tmp, "bridge static", n, "bridge")
+        modes["bridge dhcp, cold"] = run_mode(tmp, "bridge dhcp cold", n, "bridge", "dhcp", cold=True)
+        modes["bridge dhcp, cached lease"] = run_mode(tmp, "bridge dhcp cached", n, "bridge", "dhcp")
+        ovs = start_ovs(tmp)
+        if ovs:
+            try:
+                modes["ovs static"] = run_mode(tmp, "ovs static", n, "ovs_bridge", ovs_db=f"unix:{ovs.sock}",
+                                               ovs_rundir=str(ovs.dir), ovs_datapath="netdev")
+            finally:
+                ovs.close()
+    finally:
+        dnsmasq.terminate()
+        dnsmasq.wait(10)
+        subprocess.run(["ip", "netns", "del", site])
+        fw.destroy_base()
     for name, xs in (("lark setup, sequential", s_seq), ("lark teardown, sequential", t_seq),
                      (f"lark setup, {N_CONC} concurrent", s_conc), (f"lark teardown, {N_CONC} concurrent", t_conc),
                      ("cni bridge+host-local ADD, sequential", c_seq), ("cni DEL, sequential", c_del)):
         rows.append((name, len(xs), statistics.median(xs), pct(xs, 99), max(xs)))
+    for name, (st, td) in modes.items():
+        rows.append((f"lark {name} setup", len(st), statistics.median(st), pct(st, 99), max(st)))
+        rows.append((f"lark {name} teardown", len(td), statistics.median(td), pct(td, 99), max(td)))
     print(f"{'measurement':<40} {'n':>4} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
     for r in rows:
         print(f"{r[0]:<40} {r[1]:>4} {r[2]:>8.1f} {r[3]:>8.1f} {r[4]:>8.1f}")
     p50 = statistics.median(s_seq)
     print(f"setup_p50_ms={p50:.1f} setup_p99_ms={pct(s_seq, 99):.1f} teardown_p50_ms={statistics.median(t_seq):.1f} "
           f"cni_p50_ms={statistics.median(c_seq):.1f} speedup={statistics.median(c_seq) / p50:.2f}")
+    goals = {"bridge static": 20, "ovs static": 40, "bridge dhcp, cached lease": 50, "bridge dhcp, cold": 150}
+    print(" ".join(f"{name.replace(' ', '_').replace(',', '')}_p50_ms={statistics.median(modes[name][0]):.1f}"
+                   f"(goal<={goal}:{'met' if statistics.median(modes[name][0]) <= goal else 'NOT met'})"
+                   for name, goal in goals.items() if name in modes))
     subprocess.run(["rm", "-rf", tmp])
+
+
+def start_ovs(tmp: str):
+    """A private OVS (tests/helpers/ovs.py) in this netns, or None when OVS is not installed."""
+    if not shutil.which("ovs-vswitchd"):
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from helpers.ovs import PrivateOVS
+    me = os.environ["LARK_BENCH_NETNS"]
+    return PrivateOVS(f"{tmp}/ovs", me).start()
 
 
 def main() -> int:
@@ -139,7 +214,8 @@ def main() -> int:
     try:
         subprocess.run(["ip", "-n", ns, "link", "add", "up0", "type", "veth", "peer", "name", "up0p"], check=True)
         subprocess.run(["ip", "-n", ns, "link", "set", "up0", "up"], check=True)
-        return subprocess.run(["nsenter", f"--net=/run/netns/{ns}", sys.executable, __file__, "--inner"]).returncode
+        return subprocess.run(["nsenter", f"--net=/run/netns/{ns}", sys.executable, __file__, "--inner"],
+                              env={**os.environ, "LARK_BENCH_NETNS": ns}).returncode
     finally:
         subprocess.run(["ip", "netns", "del", ns])
 

@@ -28,6 +28,16 @@ def real_starter() -> str:
     return DEFAULT_REAL
 
 
+def network_types() -> list[str]:
+    # The startd runs `-classad` rarely; a config error must not take HasJobNetworking away with it.
+    try:
+        from .attach import available_types
+        from .config import load
+        return available_types(load())
+    except Exception:
+        return ["nat", "none"]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     real = real_starter()
@@ -36,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(cp.stdout)
         if cp.returncode == 0:
             print(f'LarkVersion = "{__version__}"')
-            print('LarkNetworkTypes = "nat,none"')
+            print(f'LarkNetworkTypes = "{",".join(network_types())}"')
         sys.stderr.write(cp.stderr)
         return cp.returncode
     os.environ["_CONDOR_NO_JOB_NETWORKING"] = "true"

@@ -31,7 +31,9 @@ STATE = CACHE / "state.json"
 BUILD_STAMP = ROOT / ".lark-testbed-built"
 MIRROR = os.environ.get("LARK_TESTBED_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ["condor", "minicondor", "nftables", "iproute2", "util-linux", "procps", "python3-venv", "python3-pip",
-            "iptables", "ca-certificates"]
+            "iptables", "ca-certificates", "openvswitch-switch", "dnsmasq-base"]
+# Added after the first release of the testbed: a cached root without them gets them on its next build().
+LATER_PACKAGES = {"usr/bin/ovs-vsctl": "openvswitch-switch", "usr/sbin/dnsmasq": "dnsmasq-base"}
 APT = ["apt-get", "-o", "Acquire::Check-Valid-Until=false", "-o", "APT::Sandbox::User=root"]
 HOST_NS, WORLD_NS = "lark-tb-host", "lark-tb-world"
 HOST_IP, WORLD_IP = "198.51.100.2", "198.51.100.1"
@@ -95,8 +97,36 @@ def save_state(s: dict) -> None:
 
 
 # -- build --------------------------------------------------------------------------------------------------
+def _apt_install(root: Path, packages: list[str]) -> None:
+    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/bin:/usr/sbin:/bin:/sbin"}
+    # No init system in the chroot: keep package scripts from starting services (OVS, dnsmasq) there.
+    policy = root / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    # apt needs the host's resolver; the installed testbed keeps its own (empty) one.
+    resolv = root / "etc/resolv.conf"
+    saved = resolv.read_text() if resolv.exists() and not resolv.is_symlink() else None
+    if resolv.is_symlink():
+        resolv.unlink()
+    resolv.write_text(Path("/etc/resolv.conf").read_text())
+    run(["mount", "-t", "proc", "proc", str(root / "proc")])
+    try:
+        run(["chroot", str(root), *APT, "update", "-q"], env=env)
+        run(["chroot", str(root), *APT, "install", "-y", "-q", "--no-install-recommends", *packages], env=env)
+    finally:
+        run(["umount", str(root / "proc")], check=False)
+        if saved is not None:
+            resolv.write_text(saved)
+
+
 def build() -> None:
     if BUILD_STAMP.exists():
+        missing = [pkg for path, pkg in LATER_PACKAGES.items() if not (ROOT / path).exists()]
+        if missing:
+            if load_state().get("master_pid"):
+                stop()
+            log.info("adding %s to the cached testbed root", ", ".join(missing))
+            _apt_install(ROOT, missing)
         log.info("testbed root cached at %s", ROOT)
         return
     tmp = CACHE / "root.partial"
@@ -105,15 +135,9 @@ def build() -> None:
     t0 = time.time()
     log.info("debootstrap sid into %s", tmp)
     run(["debootstrap", "--variant=minbase", "sid", str(tmp), MIRROR])
-    run(["mount", "-t", "proc", "proc", str(tmp / "proc")])
-    try:
-        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/bin:/usr/sbin:/bin:/sbin"}
-        run(["chroot", str(tmp), *APT, "update", "-q"], env=env)
-        run(["chroot", str(tmp), *APT, "install", "-y", "-q", "--no-install-recommends", *PACKAGES], env=env)
-        for u in USERS:
-            run(["chroot", str(tmp), "useradd", "-m", "-s", "/bin/sh", u], env=env)
-    finally:
-        run(["umount", str(tmp / "proc")], check=False)
+    _apt_install(tmp, PACKAGES)
+    for u in USERS:
+        run(["chroot", str(tmp), "useradd", "-m", "-s", "/bin/sh", u])
     tmp.rename(ROOT)
     BUILD_STAMP.write_text(time.strftime("%F %T"))
     log.info("testbed root built in %.0f s", time.time() - t0)

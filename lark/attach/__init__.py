@@ -10,6 +10,16 @@ from .nat import NatMode
 from .ovs import OvsMode
 
 
+def available_types(cfg: Config) -> list[str]:
+    """The network types this machine's configuration offers, without touching anything."""
+    types = ["nat"]
+    if cfg.bridge_range:
+        types.append("bridge")
+        if shutil.which("ovs-vsctl"):
+            types.append("ovs_bridge")
+    return types + ["none"]
+
+
 def make_modes(cfg: Config) -> dict[str, AttachMode]:
     modes: dict[str, AttachMode] = {"nat": NatMode(cfg)}
     if cfg.bridge_range:

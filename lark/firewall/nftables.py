@@ -48,6 +48,7 @@ class NftablesFirewall(Firewall):
         self.table = cfg.nft_table
         self.t = {"family": "inet", "table": self.table}
         self.tb = {"family": "bridge", "table": self.table}
+        self._bridge_base_done = False  # the bridge table's base goes in once per daemon, with its first job
 
     # -- plumbing -------------------------------------------------------------------------------------
     def _nft(self, argv: list[str], payload: str, what: str) -> tuple[int, str, str]:
@@ -207,6 +208,7 @@ class NftablesFirewall(Firewall):
                 and o["table"].get("name") == self.table and o["table"].get("family") in ("inet", "bridge")]
 
     def destroy_base(self) -> None:
+        self._bridge_base_done = False
         for family in self._tables():
             self._apply([{"delete": {"table": {"family": family, "name": self.table}}}],
                         f"nft table {family} {self.table}")
@@ -219,8 +221,15 @@ class NftablesFirewall(Firewall):
         if plan.network_type == "ovs_bridge":
             return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
         if plan.network_type == "bridge":
-            self._apply(self._bridge_base() + self._bridge_job(plan, names),
-                        f"nft bridge rules of job {plan.job_id} ({names.host_if})")
+            what = f"nft bridge rules of job {plan.job_id} ({names.host_if})"
+            if self._bridge_base_done:
+                try:
+                    self._apply(self._bridge_job(plan, names), what)
+                    return
+                except LarkError:
+                    log.warning("bridge table %s was missing or changed; rebuilding its base", self.table)
+            self._apply(self._bridge_base() + self._bridge_job(plan, names), what)
+            self._bridge_base_done = True
             return
         cfg, t, j = self.cfg, self.t, names.nft_id
         c_in, c_out = f"{j}_in", f"{j}_out"

@@ -4,6 +4,7 @@ Both daemons are ended by PID on close."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -34,7 +35,8 @@ class PrivateOVS:
         return cp.stdout
 
     def start(self) -> "PrivateOVS":
-        self.dir.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.dir, ignore_errors=True)  # a run that died left its database and sockets
+        self.dir.mkdir(parents=True)
         subprocess.run(["ovsdb-tool", "create", str(self.db), SCHEMA], check=True, env=self.env)
         d = self.dir
         subprocess.run(["ovsdb-server", str(self.db), f"--remote=punix:{self.sock}",
@@ -70,3 +72,4 @@ class PrivateOVS:
                 except ProcessLookupError:
                     pass
         self.pids.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
