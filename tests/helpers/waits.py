@@ -10,8 +10,13 @@ def finished(host, job_id: str, timeout: float = 10) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
         for name in sorted(os.listdir(d)):
-            with open(os.path.join(d, name)) as f:
-                s = json.load(f)
+            if not name.endswith(".json"):
+                continue  # a temp file of an atomic write in progress
+            try:
+                with open(os.path.join(d, name)) as f:
+                    s = json.load(f)
+            except FileNotFoundError:
+                continue
             if s["job_id"] == job_id:
                 return s
         time.sleep(0.05)
