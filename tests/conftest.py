@@ -38,7 +38,12 @@ def fakehost_factory(starter):
     made = []
 
     def make(**kw):
-        h = FakeHost(_open_dir("lark-host-"), starter, **kw)
+        d = _open_dir("lark-host-")
+        try:
+            h = FakeHost(d, starter, **kw)
+        except BaseException:
+            shutil.rmtree(d, ignore_errors=True)  # e.g. a config the test meant to be refused
+            raise
         made.append(h)
         return h.start()
 
