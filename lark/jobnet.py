@@ -18,6 +18,7 @@ from .config import Config
 from .errors import LarkError
 from .firewall.base import Firewall
 from .attach import make_modes
+from .attach.base import AttachMode
 from .ipam import port_pool
 from .names import JobNames
 from .plan import NetworkPlan
@@ -93,45 +94,19 @@ class JobNetworker:
                 mode = self.modes[plan.network_type]
                 ipr = self._host_netlink()
                 mode.ensure_prepared(ipr)
-                use_dhcp = mode.bridged and plan.address_type == "dhcp" and plan.wants_ipv4
-                if plan.wants_ipv4 and not use_dhcp:
-                    plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
-                    plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
-                if plan.wants_ipv6:
-                    if mode.pool6 is None:
-                        raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
-                                        obj="IPProtocol", fix="set subnet6 (NAT) or bridge_range6 (bridged) in "
-                                        "lark.toml, or advertise IPProtocol = \"IPv4\" on this machine")
-                    plan.ipv6 = mode.pool6.reserve(plan.key, plan.job_id)
-                    plan.gateway6, plan.ipv6_prefix = mode.gateway6, mode.prefix6
-                    # Before the job's device exists, so it inherits it: no DAD delay on its addresses.
-                    nsutil.write_sysctl_in(ns_fd, "net.ipv6.conf.default.accept_dad", "0")
-                if plan.inbound and not mode.bridged:
-                    plan.inbound_port = int(self.ports.reserve(plan.key, plan.job_id))
+                use_dhcp = self._reserve(plan, mode, ns_fd)
                 rec.plan = plan.to_dict()
                 self.records.step(rec, "address")
                 links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id, n.job_mac if mode.bridged else None)
                 self.records.step(rec, "veth")
                 host_idx = ipr.link_lookup(ifname=n.host_if)[0]
                 mode.attach(ipr, host_idx, plan, n)
-                if use_dhcp:
-                    links.configure_job_side(ns_fd, n.job_if, None, 32, None)  # lo and eth0 up, no address yet
-                    lease = self._dhcp_lease(plan, n, ns_fd)
-                    plan.ipv4, plan.ipv4_prefix = lease.address, lease.prefix
-                    plan.gateway4 = lease.router or mode.gateway
-                    plan.dhcp = lease.to_dict()
-                    rec.plan = plan.to_dict()
-                    self.records.step(rec, "dhcp")
-                    links.add_job_address(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
-                else:
-                    links.configure_job_side(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
-                if plan.ipv6:
-                    links.add_job_address6(ns_fd, n.job_if, plan.ipv6, plan.ipv6_prefix, plan.gateway6)
+                self._address(plan, rec, n, mode, ns_fd, use_dhcp)
                 mode.secure(plan, n)
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
                     # job's own netns, where the job has no CAP_NET_ADMIN to change it.
-                    job_filter.block_inbound(self.netns_path(plan.key), plan.job_id)
+                    job_filter.block_inbound(ns_fd, self.netns_path(plan.key), plan.job_id)
                 if plan.rate_limit_mbit:
                     limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
                     shaping.apply(ipr, host_idx, ns_fd, n.job_if, limit, plan.job_id)
@@ -143,6 +118,42 @@ class JobNetworker:
             os.close(ns_fd)
         rec.phase = "ready"
         self.records.save(rec)
+
+    def _reserve(self, plan: NetworkPlan, mode: AttachMode, ns_fd: int) -> bool:
+        """Static addresses (and the inbound port) from the mode's pools; True when IPv4 comes from DHCP."""
+        use_dhcp = mode.bridged and plan.address_type == "dhcp" and plan.wants_ipv4
+        if plan.wants_ipv4 and not use_dhcp:
+            plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
+            plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
+        if plan.wants_ipv6:
+            if mode.pool6 is None:
+                raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
+                                obj="IPProtocol", fix="set subnet6 (NAT) or bridge_range6 (bridged) in "
+                                "lark.toml, or advertise IPProtocol = \"IPv4\" on this machine")
+            plan.ipv6 = mode.pool6.reserve(plan.key, plan.job_id)
+            plan.gateway6, plan.ipv6_prefix = mode.gateway6, mode.prefix6
+            # Before the job's device exists, so it inherits it: no DAD delay on its addresses.
+            nsutil.write_sysctl_in(ns_fd, "net.ipv6.conf.default.accept_dad", "0")
+        if plan.inbound and not mode.bridged:
+            plan.inbound_port = int(self.ports.reserve(plan.key, plan.job_id))
+        return use_dhcp
+
+    def _address(self, plan: NetworkPlan, rec: JobRecord, n: JobNames, mode: AttachMode, ns_fd: int,
+                 use_dhcp: bool) -> None:
+        """Bring the job's side up with its addresses and default routes (IPv4 after DHCP when leased)."""
+        if use_dhcp:
+            links.configure_job_side(ns_fd, n.job_if, None, 32, None)  # lo and eth0 up, no address yet
+            lease = self._dhcp_lease(plan, n, ns_fd)
+            plan.ipv4, plan.ipv4_prefix = lease.address, lease.prefix
+            plan.gateway4 = lease.router or mode.gateway
+            plan.dhcp = lease.to_dict()
+            rec.plan = plan.to_dict()
+            self.records.step(rec, "dhcp")
+            links.add_job_address(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+        else:
+            links.configure_job_side(ns_fd, n.job_if, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
+        if plan.ipv6:
+            links.add_job_address6(ns_fd, n.job_if, plan.ipv6, plan.ipv6_prefix, plan.gateway6)
 
     def _dhcp_lease(self, plan: NetworkPlan, n: JobNames, ns_fd: int) -> dhcp.Lease:
         """The slot's cached lease while it is fresh (no DISCOVER at all), else a new one from the server."""

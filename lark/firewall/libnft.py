@@ -30,6 +30,7 @@ class LibNft:
         lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
         lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
         lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+        lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
         self.lib = lib
         self.ctx = lib.nft_ctx_new(0)
         if not self.ctx:
@@ -46,6 +47,27 @@ class LibNft:
             out = self.lib.nft_ctx_get_output_buffer(self.ctx) or b""
             err = self.lib.nft_ctx_get_error_buffer(self.ctx) or b""
         return rc, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+    def close(self) -> None:
+        with self.lock:
+            if self.ctx:
+                self.lib.nft_ctx_free(self.ctx)
+                self.ctx = None
+
+
+def run_in_netns(ns_fd: int, cmd: str) -> tuple[int, str, str] | None:
+    """Run `cmd` in another netns through a context made there (its socket stays in the netns it was made
+    in), or None when libnftables is missing."""
+    from ..nsutil import entered
+    if get() is None:
+        return None
+    with entered(ns_fd):
+        ctx = LibNft()
+        try:
+            return ctx.run(cmd)
+        finally:
+            ctx.close()
 
 
 _instance: LibNft | None = None
