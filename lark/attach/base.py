@@ -57,7 +57,7 @@ class AttachMode(abc.ABC):
         """Per-job filtering this mode does itself, once the job's address is known (after DHCP)."""
 
     def detach(self, names: JobNames) -> bool:
-        """Undo what `attach` did beyond the veth (which teardown deletes); safe to repeat."""
+        """Undo what `attach` and `secure` did beyond the veth (which teardown deletes); safe to repeat."""
         return False
 
     def job_keys(self) -> set[str]:

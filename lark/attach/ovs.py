@@ -110,14 +110,13 @@ class OvsMode(BridgedMode):
         self.ofctl("add-flows", "-", input=flows)
 
     def detach(self, names: JobNames) -> bool:
-        """Remove the job's port and flows; safe to repeat. True when something was there."""
-        had_port = names.host_if in self.ports_before
-        self.vsctl("--if-exists", "del-port", self.br, names.host_if, check=False)
+        """Remove the job's port and flows; safe to repeat. True when ovs-vsctl ran cleanly."""
+        ok = self.vsctl("--if-exists", "del-port", self.br, names.host_if, check=False).returncode == 0
         try:
             self.ofctl("del-flows", f"cookie={cookie_of(names.key)}/-1")
         except LarkError as e:
             log.debug("no flows removed for %s: %s", names.key, e)
-        return had_port
+        return ok
 
     @property
     def ports_before(self) -> set[str]:
