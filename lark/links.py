@@ -6,7 +6,6 @@ import logging
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from . import nsutil
 from .errors import LarkError
 
 log = logging.getLogger(__name__)
@@ -28,37 +27,29 @@ def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str, j
         raise LarkError(f"cannot create veth pair: {e}", job=job, obj=host_if) from None
 
 
-def configure_job_side(ns_fd: int, job_if: str | None, job_ip: str | None, prefix: int, gateway: str | None) -> None:
-    with nsutil.netlink_in(ns_fd) as nipr:
-        # A new netns always has lo as index 1: one netlink round trip saved per job.
-        nipr.link("set", index=1, state="up")
-        if not job_if:
-            return
-        idx = nipr.link_lookup(ifname=job_if)[0]
-        if job_ip:
-            nipr.addr("add", index=idx, address=job_ip, prefixlen=prefix)
-        nipr.link("set", index=idx, state="up")
-        if gateway:
-            # onlink: the gateway sits on the other end of the veth, no separate host route needed.
-            nipr.route("add", dst="0.0.0.0/0", gateway=gateway, oif=idx, flags=RTNH_F_ONLINK)
+def bring_up_job_side(nipr: IPRoute, job_if: str | None) -> int | None:
+    """`lo` and the job's device up (inside the job's netns); the device's index, or None without one."""
+    # A new netns always has lo as index 1: one netlink round trip saved per job.
+    nipr.link("set", index=1, state="up")
+    if not job_if:
+        return None
+    idx = nipr.link_lookup(ifname=job_if)[0]
+    nipr.link("set", index=idx, state="up")
+    return idx
 
 
-def add_job_address(ns_fd: int, job_if: str, job_ip: str, prefix: int, gateway: str | None) -> None:
-    """Address and default route on a job device that is already up (after DHCP)."""
-    with nsutil.netlink_in(ns_fd) as nipr:
-        idx = nipr.link_lookup(ifname=job_if)[0]
-        nipr.addr("add", index=idx, address=job_ip, prefixlen=prefix)
-        if gateway:
-            nipr.route("add", dst="0.0.0.0/0", gateway=gateway, oif=idx, flags=RTNH_F_ONLINK)
+def add_job_address(nipr: IPRoute, idx: int, job_ip: str, prefix: int, gateway: str | None) -> None:
+    nipr.addr("add", index=idx, address=job_ip, prefixlen=prefix)
+    if gateway:
+        # onlink: the gateway sits on the other end of the veth (or on the bridged network), no host route needed.
+        nipr.route("add", dst="0.0.0.0/0", gateway=gateway, oif=idx, flags=RTNH_F_ONLINK)
 
 
-def add_job_address6(ns_fd: int, job_if: str, ip6: str, prefix6: int, gateway6: str | None) -> None:
+def add_job_address6(nipr: IPRoute, idx: int, ip6: str, prefix6: int, gateway6: str | None) -> None:
     """IPv6 address without duplicate address detection, and a default route onlink via the gateway."""
-    with nsutil.netlink_in(ns_fd) as nipr:
-        idx = nipr.link_lookup(ifname=job_if)[0]
-        nipr.addr("add", index=idx, address=ip6, prefixlen=prefix6, flags=IFA_F_NODAD)
-        if gateway6:
-            nipr.route("add", dst="::/0", gateway=gateway6, oif=idx, flags=RTNH_F_ONLINK, family=10)
+    nipr.addr("add", index=idx, address=ip6, prefixlen=prefix6, flags=IFA_F_NODAD)
+    if gateway6:
+        nipr.route("add", dst="::/0", gateway=gateway6, oif=idx, flags=RTNH_F_ONLINK, family=10)
 
 
 def delete_link(ipr: IPRoute, ifname: str) -> bool:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from . import nsutil
 from .errors import LarkError
 
 log = logging.getLogger(__name__)
@@ -62,12 +61,11 @@ def _htb(ipr: IPRoute, index: int, limit: Limit) -> None:
            quantum=min(max(limit.rate_bit // 8 // 10, 1514), 200_000))
 
 
-def apply(ipr: IPRoute, host_index: int, ns_fd: int, job_if: str, limit: Limit, job: str) -> None:
-    """Limit traffic toward the job (host side) and from the job (inside its netns)."""
+def apply(ipr: IPRoute, host_index: int, nipr: IPRoute, job_index: int, limit: Limit, job: str) -> None:
+    """Limit traffic toward the job (host side) and from the job (`nipr`: netlink in the job's netns)."""
     try:
         _htb(ipr, host_index, limit)
-        with nsutil.netlink_in(ns_fd) as nipr:
-            _htb(nipr, nipr.link_lookup(ifname=job_if)[0], limit)
+        _htb(nipr, job_index, limit)
     except NetlinkError as e:
         raise LarkError(f"cannot install the {limit.mbit:g} Mbit/s limit: {e}", job=job, obj="tc htb",
                         fix="check that the kernel has sch_htb (`lark doctor`)") from None
