@@ -19,12 +19,14 @@ from .errors import LarkError
 from .firewall import make_firewall
 from .jobnet import JobNetworker
 from .names import job_key
+from .plan import NetworkPlan
 from .policy import decide
 from .state import FinishedStore, RecordStore
 from .sweep import sweep
 
 log = logging.getLogger("larkd")
 MAX_CONNECTIONS = 256
+CHECK_REUSE_SECONDS = 120.0  # PREPARE_JOB runs seconds before the wrapper; longer means something else
 
 
 class Larkd:
@@ -41,6 +43,7 @@ class Larkd:
         self.active: set[str] = set()          # keys with a live job or a setup in flight
         self.slot_locks: dict[str, asyncio.Lock] = {}
         self.watches: dict[str, int] = {}      # key -> pidfd of the starter
+        self.checked: dict[str, tuple] = {}    # key -> (starter pid, start, when, plan) from PREPARE_JOB's check
         self.connections = 0
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -217,7 +220,9 @@ class Larkd:
                                     job=rec.job_id, obj=f"slot {starter.slot}",
                                     fix="a job gets one network; do not create new network namespaces")
                 await self.loop.run_in_executor(self.pool, self.net.teardown, key, "replaced by a new job")
-            plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+            plan = self.checked_plan(starter, key)
+            if plan is None:
+                plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
             self.active.add(key)
             try:
                 t0 = time.perf_counter()
@@ -238,8 +243,22 @@ class Larkd:
         if starter is None:
             raise LarkError("only a job's starter hooks may ask for a pre-flight check",
                             obj=f"pid {who.pid} uid {who.uid}")
-        plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, job_key(starter.slot))
+        key = job_key(starter.slot)
+        plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+        # The setup that follows for this same starter reuses the decision instead of asking the startd and
+        # the schedd again: those queries are the slowest part of a setup.
+        self.checked[key] = (starter.pid, starter.start, time.monotonic(), plan.to_dict())
         return protocol.ok(plan=plan.to_dict())
+
+    def checked_plan(self, starter: peer.StarterInfo, key: str) -> NetworkPlan | None:
+        """The pre-flight decision for this very starter (pid and start time), if recent; used once."""
+        got = self.checked.pop(key, None)
+        if got is None:
+            return None
+        pid, start, at, plan = got
+        if (pid, start) != (starter.pid, starter.start) or time.monotonic() - at > CHECK_REUSE_SECONDS:
+            return None
+        return NetworkPlan.from_dict(plan)
 
     def plan_for(self, starter: peer.StarterInfo, key: str):
         job_ad, machine_ad = self.ads.ads(starter)
