@@ -13,12 +13,12 @@ setup(
     extras_require={"test": ["pytest", "hypothesis"], "bench": ["matplotlib"]},
     entry_points={
         "console_scripts": [
-            "larkd=lark.daemon:main",
+            "larkd=lark.daemon.server:main",
             "lark=lark.cli:main",
-            "lark-job-wrapper=lark.wrapper:main",
-            "lark-starter=lark.starter_wrapper:main",
-            "lark-hook=lark.hooks:main",
-            "lark-prepare-job=lark.prepare_hook:main",
+            "lark-job-wrapper=lark.job.wrapper:main",
+            "lark-starter=lark.job.starter_wrapper:main",
+            "lark-hook=lark.job.update_hook:main",
+            "lark-prepare-job=lark.job.prepare_hook:main",
         ]
     },
 )

@@ -42,20 +42,20 @@ def wait_unshared(procs):
 
 def lark_runner(tmp: str, mode: str = "nat", address_type: str = "static", **extra):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from lark.accounting import Accountant
+    from lark.kernel.accounting import Accountant
     from lark.config import Config
-    from lark.firewall import make_firewall
-    from lark.jobnet import JobNetworker
+    from lark.kernel.firewall import make_firewall
+    from lark.daemon.jobnet import JobNetworker
     from lark.plan import NetworkPlan
-    from lark.state import FinishedStore, RecordStore
-    from lark import nsutil
+    from lark.daemon.records import FinishedStore, RecordStore
+    from lark.kernel import netns
 
     cfg = Config(run_dir=f"{tmp}/run", state_dir=f"{tmp}/state", netns_prefix=f"lark-b{secrets.token_hex(2)}-",
                  uplink="up0", subnet="10.214.0.0/22", bridge_name="lkbr0", bridge_range="10.216.0.100-10.216.0.250",
                  bridge_gateway="10.216.0.1", **extra).validate()
     fw = make_firewall(cfg)
     fw.ensure_base()
-    nsutil.ensure_netns_dir(cfg.netns_dir)
+    netns.ensure_netns_dir(cfg.netns_dir)
     net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
                        FinishedStore(f"{tmp}/state/finished"))
 
@@ -63,7 +63,7 @@ def lark_runner(tmp: str, mode: str = "nat", address_type: str = "static", **ext
         key = f"b{i}"
         plan = NetworkPlan(job_id=f"{i}.0", slot=key, key=key, network_type=mode, address_type=address_type)
         t = time.perf_counter()
-        net.setup(plan, os.getpid(), 0, pid, nsutil.netns_inode_of_pid(pid))
+        net.setup(plan, os.getpid(), 0, pid, netns.netns_inode_of_pid(pid))
         return (time.perf_counter() - t) * 1000
 
     def teardown(i: int) -> float:

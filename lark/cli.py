@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 
-from .client import call
+from .job.client import call
 from .config import load
 from .errors import DaemonUnreachable, LarkError
 
@@ -60,12 +60,12 @@ def cmd_gc(args) -> int:
 
 def _offline_gc(args) -> list[str]:
     """larkd is down: sweep here, holding its lock so it cannot start halfway through."""
-    from .accounting import Accountant
-    from .daemon import hold_daemon_lock
-    from .firewall import make_firewall
-    from .jobnet import JobNetworker
-    from .state import FinishedStore, RecordStore
-    from .sweep import live_record_keys, sweep
+    from .kernel.accounting import Accountant
+    from .daemon.server import hold_daemon_lock
+    from .kernel.firewall import make_firewall
+    from .daemon.jobnet import JobNetworker
+    from .daemon.records import FinishedStore, RecordStore
+    from .daemon.sweep import live_record_keys, sweep
 
     cfg = load(args.config)
     lock = hold_daemon_lock(cfg)
@@ -83,10 +83,10 @@ def _offline_gc(args) -> list[str]:
 
 
 def cmd_policy_explain(args) -> int:
-    from .classads import read_ad
+    from .policy.classads import read_ad
     from .config import Config
     from .names import job_key
-    from .policy import decide
+    from .policy.engine import decide
 
     cfg = load(args.config) if args.config else Config()
     if args.callout is not None:
@@ -107,7 +107,7 @@ def cmd_policy_explain(args) -> int:
 
 
 def cmd_detect_bandwidth(args) -> int:
-    from .bandwidth import detect
+    from .kernel.linkspeed import detect
     cfg = load(args.config)
     mbit = detect(args.interface or cfg.uplink, cfg.bandwidth_mbit)
     # The format HTCondor's MACHINE_RESOURCE_INVENTORY_<name> expects.

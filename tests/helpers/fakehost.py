@@ -86,7 +86,7 @@ class FakeHost:
     # -- larkd ----------------------------------------------------------------------------------------
     def start_larkd(self, wait: bool = True) -> subprocess.Popen:
         log = open(self.tmp / "larkd.log", "a")
-        self.larkd = subprocess.Popen(self.in_host([PY, "-m", "lark.daemon", "--config", str(self.cfg_path),
+        self.larkd = subprocess.Popen(self.in_host([PY, "-m", "lark.daemon.server", "--config", str(self.cfg_path),
                                                     "--log-level", "DEBUG"]), stdout=log, stderr=log)
         self.procs.append(self.larkd)
         if wait:
@@ -129,7 +129,7 @@ class FakeHost:
         argv = [self.starter, "-a", slot, "-u", str(uid)]
         if host_netns:
             argv.append("-H")
-        inner = [JOB_PY, "-m", "lark.wrapper"] if wrapper else []
+        inner = [JOB_PY, "-m", "lark.job.wrapper"] if wrapper else []
         env = ["env", f"LARK_SOCKET={self.cfg.socket}", f"PYTHONPATH={HERE.parent.parent}"]
         return self.in_host([*argv, "--", *env, *inner, JOB_PY, str(HERE / "workload.py"), *workload])
 

@@ -88,7 +88,7 @@ def test_job_in_host_namespace_refused(host):
 
 def test_process_not_under_a_starter_refused(host):
     cp = sh(host.in_host(["unshare", "--net", "env", f"LARK_SOCKET={host.cfg.socket}", PY, "-m",
-                          "lark.wrapper", "true"]), check=False)
+                          "lark.job.wrapper", "true"]), check=False)
     assert cp.returncode == 111 and "does not descend from a configured starter" in cp.stderr, cp.stderr
     assert ping(host)
 

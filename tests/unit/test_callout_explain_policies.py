@@ -9,11 +9,11 @@ import classad2
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from lark.classads import parse_ad, read_ad
+from lark.policy.classads import parse_ad, read_ad
 from lark.config import Config
 from lark.errors import LarkError
 from lark.plan import NETWORK_TYPES
-from lark.policy import decide
+from lark.policy.engine import decide
 
 ROOT = Path(__file__).resolve().parents[2]
 VLAN_CALLOUT = str(ROOT / "callouts" / "vlan_by_name.py")

@@ -4,7 +4,7 @@ import struct
 
 from hypothesis import given, strategies as st
 
-from lark import dhcp
+from lark.kernel import dhcp
 
 
 def reply(msg_type, xid=7, yiaddr="198.51.100.160", opts=None):

@@ -3,8 +3,8 @@ import threading
 import pytest
 
 from lark.errors import LarkError
-from lark.ipam import address_pool, port_pool
-from lark.state import FinishedStore, JobRecord, RecordStore
+from lark.kernel.ipam import address_pool, port_pool
+from lark.daemon.records import FinishedStore, JobRecord, RecordStore
 
 
 def test_pool_skips_network_gateway_broadcast(tmp_path):

@@ -1,10 +1,10 @@
 """Paper Table I/II examples through the real ClassAd engine (classad2)."""
 import pytest
 
-from lark.classads import parse_ad
+from lark.policy.classads import parse_ad
 from lark.config import Config
 from lark.errors import LarkError
-from lark.policy import decide
+from lark.policy.engine import decide
 
 PAPER_NETWORK_TYPE = ('NetworkType = ifThenElse(TARGET.OutboundConnectivity, '
                       'ifThenElse(TARGET.InboundConnectivity, "bridge", "NAT"), "null")')

@@ -2,7 +2,7 @@
 import classad2
 from hypothesis import given, strategies as st
 
-from lark.prepare_hook import STATUS_REFUSED, hold_ad
+from lark.job.prepare_hook import STATUS_REFUSED, hold_ad
 
 
 @given(st.text(max_size=300))

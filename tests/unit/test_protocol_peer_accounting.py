@@ -3,10 +3,10 @@ import os
 import pytest
 
 from lark import protocol
-from lark.accounting import JobUsage
+from lark.kernel.accounting import JobUsage
 from lark.errors import LarkError
-from lark.firewall.base import Counters
-from lark.peer import find_starter, slot_from_cmdline, start_time
+from lark.kernel.firewall.base import Counters
+from lark.daemon.peercred import find_starter, slot_from_cmdline, start_time
 
 
 def test_request_roundtrip():

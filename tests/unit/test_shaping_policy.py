@@ -2,11 +2,11 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from lark.classads import parse_ad
+from lark.policy.classads import parse_ad
 from lark.config import Config, from_mapping
 from lark.errors import LarkError
-from lark.policy import decide
-from lark.shaping import GSO_MAX, burst_for, limit_for
+from lark.policy.engine import decide
+from lark.kernel.shaping import GSO_MAX, burst_for, limit_for
 
 
 def plan(job="", machine="", **cfg):

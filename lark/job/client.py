@@ -1,0 +1,78 @@
+"""Talking to larkd over its Unix socket."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+from .. import protocol
+from ..errors import DaemonUnreachable, LarkError
+
+DEFAULT_SOCKET = "/run/lark/lark.sock"
+START_LARKD = "start larkd: condor_on -daemon LARKD, or systemctl start larkd"
+
+
+def socket_path(explicit: str | None = None) -> str:
+    if explicit:
+        return explicit
+    if os.environ.get("LARK_SOCKET"):
+        return os.environ["LARK_SOCKET"]
+    try:
+        from ..config import load
+        return load().socket
+    except LarkError:
+        return DEFAULT_SOCKET
+
+
+def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -> dict:
+    path = socket_path(path)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        try:
+            s.connect(path)
+        except FileNotFoundError:
+            raise DaemonUnreachable("larkd is not running (no socket)", obj=path,
+                            fix=START_LARKD) from None
+        except ConnectionRefusedError:
+            raise DaemonUnreachable("larkd is not running (connection refused)", obj=path, fix=START_LARKD) from None
+        except PermissionError:
+            raise LarkError("permission denied on the larkd socket", obj=path) from None
+        s.sendall(protocol.request(op, **fields))
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    except socket.timeout:
+        raise LarkError(f"larkd did not answer within {timeout:g} s", obj=path, fix="check larkd's log") from None
+    except OSError as e:
+        raise DaemonUnreachable(f"connection to larkd lost ({e.strerror or e})", obj=path,
+                        fix="larkd may have died; check its log and restart it") from None
+    finally:
+        s.close()
+    if not buf:
+        raise DaemonUnreachable("larkd closed the connection without answering", obj=path, fix="check larkd's log")
+    try:
+        answer = json.loads(buf)
+    except ValueError:
+        raise LarkError("larkd sent an unreadable answer", obj=path) from None
+    if not answer.get("ok"):
+        raise LarkError(answer.get("error", "unknown error"), obj="larkd")
+    return answer
+
+
+def call_patiently(op: str, *, wait: float, timeout: float = 30.0, **fields) -> dict:
+    """`call`, retrying for up to `wait` seconds while larkd is unreachable (condor_master restarts it)."""
+    deadline = time.monotonic() + wait
+    delay = 0.2
+    while True:
+        try:
+            return call(op, timeout=timeout, **fields)
+        except DaemonUnreachable:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)

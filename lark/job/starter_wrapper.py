@@ -1,0 +1,58 @@
+"""lark-starter: HTCondor's STARTER. Execs the real condor_starter, with every job in an empty netns.
+
+`-classad` (the startd asking what the starter can do) runs the real starter unchanged, so HasJobNetworking
+stays True, and adds Lark's own capability attributes. Every other invocation gets NO_JOB_NETWORKING, so the
+starter clones the job into an empty network namespace for larkd to plumb.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .. import __version__
+
+DEFAULT_REAL = "/usr/sbin/condor_starter"
+
+
+def real_starter() -> str:
+    explicit = os.environ.get("LARK_REAL_STARTER")
+    if explicit:
+        return explicit
+    try:
+        cp = subprocess.run(["condor_config_val", "LARK_REAL_STARTER"], capture_output=True, text=True, timeout=10)
+        if cp.returncode == 0 and cp.stdout.strip():
+            return cp.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return DEFAULT_REAL
+
+
+def network_types() -> list[str]:
+    # The startd runs `-classad` rarely; a config error must not take HasJobNetworking away with it.
+    try:
+        from ..kernel.attach import available_types
+        from ..config import load
+        return available_types(load())
+    except Exception:
+        return ["nat", "none"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    real = real_starter()
+    if "-classad" in argv:
+        cp = subprocess.run([real, *argv], capture_output=True, text=True)
+        sys.stdout.write(cp.stdout)
+        if cp.returncode == 0:
+            print(f'LarkVersion = "{__version__}"')
+            print(f'LarkNetworkTypes = "{",".join(network_types())}"')
+        sys.stderr.write(cp.stderr)
+        return cp.returncode
+    os.environ["_CONDOR_NO_JOB_NETWORKING"] = "true"
+    os.execv(real, [real, *argv])
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

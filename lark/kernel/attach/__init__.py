@@ -1,0 +1,29 @@
+"""Attach modes: how a job's veth meets the world. One small interface, one module per mode."""
+from __future__ import annotations
+
+import shutil
+
+from ...config import Config
+from .base import AttachMode
+from .bridge import BridgeMode
+from .nat import NatMode
+from .ovs import OvsMode
+
+
+def available_types(cfg: Config) -> list[str]:
+    """The network types this machine's configuration offers, without touching anything."""
+    types = ["nat"]
+    if cfg.bridge_range:
+        types.append("bridge")
+        if shutil.which("ovs-vsctl"):
+            types.append("ovs_bridge")
+    return types + ["none"]
+
+
+def make_modes(cfg: Config) -> dict[str, AttachMode]:
+    modes: dict[str, AttachMode] = {"nat": NatMode(cfg)}
+    if cfg.bridge_range:
+        modes["bridge"] = BridgeMode(cfg)
+        if shutil.which("ovs-vsctl"):
+            modes["ovs_bridge"] = OvsMode(cfg)
+    return modes

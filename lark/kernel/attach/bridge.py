@@ -1,0 +1,71 @@
+"""Linux bridge: the job's veth becomes a port of a bridge that also holds the uplink, so the job is a
+station on the site network with an address of its own (static range here; DHCP is the next step).
+
+The bridge is adopted when it exists (the admin made it, with the uplink and the host's address on it);
+otherwise Lark creates it with STP off and forward delay 0 (a new port forwards at once), and, when
+`bridge_uplink` is set, moves the uplink's IPv4 addresses and default route to the bridge before enslaving
+it, so the host keeps its connectivity. Anti-spoofing lives in the firewall's bridge-family table.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from pyroute2 import IPRoute
+
+from ...errors import LarkError
+from ..links import take_over_uplink
+from ...names import JobNames
+from ...plan import NetworkPlan
+from .base import BridgedMode
+
+log = logging.getLogger(__name__)
+
+
+class BridgeMode(BridgedMode):
+    name = "bridge"
+
+    @property
+    def created_marker(self) -> str:
+        return os.path.join(self.cfg.run_dir, f"bridge-{self.cfg.bridge_name}.created")
+
+    def prepare(self, ipr: IPRoute) -> None:
+        if self._ready and ipr.link_lookup(ifname=self.cfg.bridge_name):
+            return
+        name = self.cfg.bridge_name
+        found = ipr.link_lookup(ifname=name)
+        if found:
+            kind = ipr.get_links(found[0])[0].get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")
+            if kind != "bridge":
+                raise LarkError(f"{name} exists but is a {kind or 'plain'} device, not a bridge", obj="bridge_name",
+                                fix="name a Linux bridge, or a name that is free")
+        else:
+            self._create(ipr, name)
+        self._ready = True
+
+    def _create(self, ipr: IPRoute, name: str) -> None:
+        ipr.link("add", ifname=name, kind="bridge", br_stp_state=0, br_forward_delay=0)
+        os.makedirs(self.cfg.run_dir, exist_ok=True)
+        with open(self.created_marker, "w") as f:
+            f.write(self.cfg.bridge_uplink + "\n")
+        br = ipr.link_lookup(ifname=name)[0]
+        uplink = self.cfg.bridge_uplink
+        if uplink:
+            found = ipr.link_lookup(ifname=uplink)
+            if not found:
+                raise LarkError(f"bridge uplink {uplink} does not exist", obj="bridge_uplink",
+                                fix="name the interface toward the site network, or leave it empty")
+            take_over_uplink(ipr, found[0], br, name)
+        ipr.link("set", index=br, state="up")
+        log.info("created bridge %s%s", name, f" with uplink {uplink}" if uplink else "")
+
+    def attach(self, ipr: IPRoute, host_idx: int, plan: NetworkPlan, names: JobNames) -> None:
+        br = ipr.link_lookup(ifname=self.cfg.bridge_name)
+        if not br:
+            raise LarkError("the bridge disappeared", job=plan.job_id, obj=self.cfg.bridge_name,
+                            fix="restart larkd to recreate it")
+        if plan.vlan is not None:
+            raise LarkError("this kernel's bridge has no VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING)",
+                            job=plan.job_id, obj=f"VLAN {plan.vlan}",
+                            fix="use NetworkType = \"ovs_bridge\" for VLANs, see `lark doctor`")
+        ipr.link("set", index=host_idx, master=br[0])

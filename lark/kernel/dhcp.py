@@ -1,0 +1,217 @@
+"""A small DHCPv4 client that larkd runs on a job's behalf, inside the job's netns (never by the job).
+
+One UDP socket bound to port 68 on the job's device does the whole exchange: with the broadcast flag set the
+server answers by broadcast, which reaches the socket although the device has no address yet. Renewals and
+releases are unicast from the leased address. The lease is plain data (`Lease`), kept in the job's record and
+in a per-slot cache so the slot's next job reuses it without a new DISCOVER.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import socket
+import struct
+import time
+from dataclasses import asdict, dataclass
+
+from ..errors import LarkError
+
+log = logging.getLogger(__name__)
+MAGIC = b"\x63\x82\x53\x63"
+DISCOVER, OFFER, REQUEST, DECLINE, ACK, NAK, RELEASE = 1, 2, 3, 4, 5, 6, 7
+OPT_MASK, OPT_ROUTER, OPT_DNS, OPT_REQ_IP, OPT_LEASE, OPT_TYPE, OPT_SERVER = 1, 3, 6, 50, 51, 53, 54
+OPT_PARAMS, OPT_T1, OPT_T2, OPT_CLIENT_ID, OPT_END = 55, 58, 59, 61, 255
+BOOTP = struct.Struct("!BBBBIHH4s4s4s4s16s64s128s")
+
+
+@dataclass
+class Lease:
+    address: str
+    prefix: int
+    router: str | None
+    server: str
+    lease_time: int
+    t1: int
+    t2: int
+    obtained: float          # wall clock, so a cached lease means the same after a larkd restart
+
+    @property
+    def expires(self) -> float:
+        return self.obtained + self.lease_time
+
+    def renew_due(self, now: float | None = None) -> bool:
+        return (now or time.time()) >= self.obtained + self.t1
+
+    def usable(self, now: float | None = None) -> bool:
+        # Reuse only before T1: a job then starts with at least half the lease ahead of it.
+        return (now or time.time()) < self.obtained + self.t1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Lease":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+def _options(items: list[tuple[int, bytes]]) -> bytes:
+    out = b""
+    for code, value in items:
+        out += bytes([code, len(value)]) + value
+    return out + bytes([OPT_END])
+
+
+def build(msg_type: int, xid: int, mac: str, *, ciaddr: str = "0.0.0.0", requested: str | None = None,
+          server: str | None = None, broadcast: bool = True) -> bytes:
+    hw = bytes.fromhex(mac.replace(":", ""))
+    head = BOOTP.pack(1, 1, 6, 0, xid, 0, 0x8000 if broadcast else 0, socket.inet_aton(ciaddr), bytes(4), bytes(4),
+                      bytes(4), hw.ljust(16, b"\0"), bytes(64), bytes(128))
+    opts = [(OPT_TYPE, bytes([msg_type])), (OPT_CLIENT_ID, b"\x01" + hw)]
+    if requested:
+        opts.append((OPT_REQ_IP, socket.inet_aton(requested)))
+    if server:
+        opts.append((OPT_SERVER, socket.inet_aton(server)))
+    if msg_type in (DISCOVER, REQUEST):
+        opts.append((OPT_PARAMS, bytes([OPT_MASK, OPT_ROUTER, OPT_DNS, OPT_LEASE, OPT_SERVER, OPT_T1, OPT_T2])))
+    return head + MAGIC + _options(opts)
+
+
+def parse(data: bytes) -> tuple[int, str, dict[int, bytes]] | None:
+    """(xid, yiaddr, options) of a server reply, or None for anything that is not one."""
+    if len(data) < BOOTP.size + 4 or data[0] != 2 or data[BOOTP.size:BOOTP.size + 4] != MAGIC:
+        return None
+    fields = BOOTP.unpack_from(data)
+    opts: dict[int, bytes] = {}
+    i = BOOTP.size + 4
+    while i < len(data):
+        code = data[i]
+        if code == OPT_END:
+            break
+        if code == 0:
+            i += 1
+            continue
+        if i + 1 >= len(data):
+            return None
+        n = data[i + 1]
+        opts[code] = data[i + 2:i + 2 + n]
+        i += 2 + n
+    return fields[4], socket.inet_ntoa(fields[8]), opts
+
+
+def lease_from(yiaddr: str, opts: dict[int, bytes], now: float) -> Lease:
+    def ip(code: int) -> str | None:
+        v = opts.get(code)
+        return socket.inet_ntoa(v[:4]) if v and len(v) >= 4 else None
+
+    def u32(code: int, default: int) -> int:
+        v = opts.get(code)
+        return struct.unpack("!I", v[:4])[0] if v and len(v) >= 4 else default
+
+    mask = ip(OPT_MASK) or "255.255.255.0"
+    lease_time = u32(OPT_LEASE, 3600)
+    return Lease(address=yiaddr, prefix=ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen, router=ip(OPT_ROUTER),
+                 server=ip(OPT_SERVER) or "", lease_time=lease_time, t1=u32(OPT_T1, lease_time // 2),
+                 t2=u32(OPT_T2, lease_time * 7 // 8), obtained=now)
+
+
+class Client:
+    """Speaks for one job device. Create and use it inside the job's netns (see netns.entered)."""
+
+    # Seconds to wait for each try. The first is short: a frame sent right as a new bridge port comes up is
+    # sometimes lost, and waiting 1.5 s for that cost the benchmark's worst case 1.5 s.
+    WAITS = (0.25, 1.0, 2.0, 4.0)
+
+    def __init__(self, ifname: str, mac: str, job: str, waits: tuple[float, ...] = WAITS):
+        self.ifname, self.mac, self.job = ifname, mac, job
+        self.waits = waits
+        self.tries = len(waits)
+
+    def _socket(self, bind_ip: str = "0.0.0.0") -> socket.socket:
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, self.ifname.encode())
+        s.bind((bind_ip, 68))
+        return s
+
+    def _exchange(self, s: socket.socket, packet: bytes, dest: str, xid: int, want: set[int]) -> tuple[int, str, dict]:
+        for wait in self.waits:
+            s.sendto(packet, (dest, 67))
+            deadline = time.monotonic() + wait
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                s.settimeout(left)
+                try:
+                    data = s.recv(4096)
+                except socket.timeout:
+                    break
+                got = parse(data)
+                if not got or got[0] != xid or OPT_TYPE not in got[2]:
+                    continue
+                mtype = got[2][OPT_TYPE][0]
+                if mtype == NAK:
+                    raise LarkError("the DHCP server refused the request (NAK)", job=self.job, obj=self.ifname,
+                                    fix="check the DHCP server's range and leases")
+                if mtype in want:
+                    return mtype, got[1], got[2]
+        raise LarkError(f"no DHCP answer after {self.tries} tries", job=self.job, obj=self.ifname,
+                        fix="check that a DHCP server serves the bridged network (and answers this MAC)")
+
+    def acquire(self) -> Lease:
+        """DISCOVER, OFFER, REQUEST, ACK."""
+        xid = secrets.randbits(32)
+        with self._socket() as s:
+            _, offered, opts = self._exchange(s, build(DISCOVER, xid, self.mac), "255.255.255.255", xid, {OFFER})
+            server = socket.inet_ntoa(opts[OPT_SERVER][:4]) if OPT_SERVER in opts else None
+            _, yiaddr, opts = self._exchange(s, build(REQUEST, xid, self.mac, requested=offered, server=server),
+                                             "255.255.255.255", xid, {ACK})
+        return lease_from(yiaddr, opts, time.time())
+
+    def renew(self, lease: Lease) -> Lease:
+        """RENEWING: unicast REQUEST from the leased address to the server that granted it."""
+        xid = secrets.randbits(32)
+        with self._socket(lease.address) as s:
+            _, yiaddr, opts = self._exchange(s, build(REQUEST, xid, self.mac, ciaddr=lease.address, broadcast=False),
+                                             lease.server, xid, {ACK})
+        return lease_from(yiaddr, opts, time.time())
+
+    def release(self, lease: Lease) -> None:
+        with self._socket(lease.address) as s:
+            s.sendto(build(RELEASE, secrets.randbits(32), self.mac, ciaddr=lease.address, server=lease.server,
+                           broadcast=False), (lease.server, 67))
+
+
+class LeaseCache:
+    """One lease per slot key, in files that survive larkd restarts (the server keeps the binding anyway)."""
+
+    def __init__(self, directory: str):
+        self.dir = directory
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.dir, f"{key}.lease")
+
+    def get(self, key: str) -> Lease | None:
+        import json
+        try:
+            with open(self.path(key)) as f:
+                return Lease.from_dict(json.load(f))
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, lease: Lease) -> None:
+        import json
+        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        tmp = self.path(key) + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(lease.to_dict(), f)
+        os.replace(tmp, self.path(key))
+
+    def drop(self, key: str) -> None:
+        try:
+            os.unlink(self.path(key))
+        except FileNotFoundError:
+            pass

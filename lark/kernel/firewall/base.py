@@ -1,0 +1,72 @@
+"""The firewall driver interface: NAT, isolation, anti-spoofing and per-job counters for one backend."""
+from __future__ import annotations
+
+import abc
+import subprocess
+from dataclasses import dataclass
+
+from ...config import Config
+from ...errors import LarkError
+from ...names import JobNames
+from ...plan import NetworkPlan
+
+
+@dataclass
+class Counters:
+    bytes_in: int = 0      # toward the job
+    bytes_out: int = 0     # from the job
+    packets_in: int = 0
+    packets_out: int = 0
+
+
+class Firewall(abc.ABC):
+    name = "abstract"
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+
+    @abc.abstractmethod
+    def ensure_base(self) -> None:
+        """Create the shared objects (NAT, catch-all drops for unknown job interfaces); idempotent."""
+
+    @abc.abstractmethod
+    def destroy_base(self) -> None:
+        """Remove everything this backend ever created; idempotent."""
+
+    @abc.abstractmethod
+    def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+        """Install the job's rules and counters atomically."""
+
+    @abc.abstractmethod
+    def remove_job(self, names: JobNames) -> Counters | None:
+        """Remove the job's rules and counters; safe to repeat.
+
+        Returns the job's counters as read just before removal (the final reading), or None when nothing of
+        the job was there.
+        """
+
+    @abc.abstractmethod
+    def read_counters(self) -> dict[str, Counters]:
+        """Counters of every job, keyed by job key, in one read."""
+
+    @abc.abstractmethod
+    def job_keys(self) -> set[str]:
+        """Keys of every job that has objects in the firewall (for gc)."""
+
+    @abc.abstractmethod
+    def base_present(self) -> bool:
+        """Whether any shared object exists (for gc and doctor)."""
+
+
+def run_tool(argv: list[str], *, input: str | None = None, what: str, check: bool = True,
+             timeout: float = 30) -> subprocess.CompletedProcess:
+    try:
+        cp = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise LarkError(f"{argv[0]} is not installed", obj=what, fix=f"install the package providing {argv[0]}") \
+            from None
+    except subprocess.TimeoutExpired:
+        raise LarkError(f"{argv[0]} did not answer within {timeout} s", obj=what) from None
+    if check and cp.returncode != 0:
+        raise LarkError(f"{argv[0]} failed: {cp.stderr.strip()[:500]}", obj=what)
+    return cp

@@ -1,0 +1,182 @@
+"""iptables backend for sites whose firewall is iptables-managed.
+
+Lark owns only chains named LARK-* and one jump rule from each built-in chain it needs. Per-job objects are
+chains (LARK-<key>-PRE/OUT/IN/DNAT) entered by jump rules with fixed specs, so removal needs no rule numbers.
+Same behaviour as the nftables backend; counters are the sums of the job chains' ACCEPT rule counters.
+"""
+from __future__ import annotations
+
+import logging
+import re
+
+from ...names import HOST_IF_PREFIX, JobNames
+from ...plan import NetworkPlan
+from ...errors import LarkError
+from .base import Counters, Firewall, run_tool
+
+log = logging.getLogger(__name__)
+WILD = HOST_IF_PREFIX + "+"
+BASE = [  # (table, built-in chain, our chain)
+    ("raw", "PREROUTING", "LARK-PRE"),
+    ("filter", "FORWARD", "LARK-FWD"),
+    ("filter", "INPUT", "LARK-INPUT"),
+    ("nat", "PREROUTING", "LARK-DNAT"),
+    ("nat", "POSTROUTING", "LARK-POST"),
+]
+JOB_CHAIN_RE = re.compile(r"^LARK-([A-Za-z0-9_]+)-(PRE|OUT|IN|DNAT)$")
+EST = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"]
+NEW = ["-m", "conntrack", "--ctstate", "NEW"]
+
+
+class IptablesFirewall(Firewall):
+    name = "iptables"
+
+    def _ipt(self, table: str, *args: str, check: bool = True, v6: bool = False):
+        return run_tool(["ip6tables" if v6 else "iptables", "-w", "5", "-t", table, *args],
+                        what=f"iptables -t {table} {' '.join(args[:2])}", check=check)
+
+    def _restore(self, text: str, what: str) -> None:
+        run_tool(["iptables-restore", "-w", "5", "--noflush"], input=text, what=what)
+
+    def _save(self, table: str) -> list[str]:
+        cp = run_tool(["iptables-save", "-c", "-t", table], what=f"iptables-save -t {table}", check=False)
+        return cp.stdout.splitlines() if cp.returncode == 0 else []
+
+    def _chains(self, table: str) -> set[str]:
+        return {line[1:].split()[0] for line in self._save(table) if line.startswith(":")}
+
+    # -- shared objects -------------------------------------------------------------------------------
+    def ensure_base(self) -> None:
+        cfg = self.cfg
+        for table, parent, chain in BASE:
+            if chain not in self._chains(table):
+                self._ipt(table, "-N", chain)
+            if self._ipt(table, "-C", parent, "-j", chain, check=False).returncode != 0:
+                self._ipt(table, "-I", parent, "1", "-j", chain)
+        # Chains without per-job content are rebuilt from config every time.
+        self._ipt("filter", "-F", "LARK-INPUT")
+        self._ipt("filter", "-A", "LARK-INPUT", "-i", WILD, *EST, "-j", "ACCEPT")
+        if not cfg.allow_job_to_host:
+            self._ipt("filter", "-A", "LARK-INPUT", "-i", WILD, "-j", "DROP")
+        self._ipt("nat", "-F", "LARK-POST")
+        self._ipt("nat", "-A", "LARK-POST", "-o", cfg.uplink, "-s", cfg.subnet, "-j", "MASQUERADE")
+        # Catch-all drops for job interfaces that have no rules (yet): appended once, kept last.
+        for table, chain, rule in (("raw", "LARK-PRE", ["-i", WILD, "-j", "DROP"]),
+                                   ("filter", "LARK-FWD", ["-i", WILD, "-j", "DROP"]),
+                                   ("filter", "LARK-FWD", ["-o", WILD, "-j", "DROP"])):
+            if self._ipt(table, "-C", chain, *rule, check=False).returncode != 0:
+                self._ipt(table, "-A", chain, *rule)
+        # No job gets IPv6 in NAT mode: drop it at the door.
+        rule = ["PREROUTING", "-i", WILD, "-j", "DROP"]
+        if self._ipt("raw", "-C", *rule, check=False, v6=True).returncode != 0:
+            self._ipt("raw", "-I", *rule[:1], "1", *rule[1:], v6=True)
+
+    def destroy_base(self) -> None:
+        for key in self.job_keys():
+            self.remove_job(JobNames(key))
+        for table, parent, chain in BASE:
+            self._ipt(table, "-D", parent, "-j", chain, check=False)
+            self._ipt(table, "-F", chain, check=False)
+            self._ipt(table, "-X", chain, check=False)
+        self._ipt("raw", "-D", "PREROUTING", "-i", WILD, "-j", "DROP", check=False, v6=True)
+
+    def base_present(self) -> bool:
+        return any(chain in self._chains(table) for table, _, chain in BASE)
+
+    # -- per job --------------------------------------------------------------------------------------
+    def _job_jumps(self, names: JobNames) -> list[tuple[str, str, list[str], str]]:
+        k, hif = names.key, names.host_if
+        return [
+            ("raw", "LARK-PRE", ["-i", hif, "-g", f"LARK-{k}-PRE"], f"LARK-{k}-PRE"),
+            ("filter", "LARK-FWD", ["-i", hif, "-g", f"LARK-{k}-OUT"], f"LARK-{k}-OUT"),
+            ("filter", "LARK-FWD", ["-o", hif, "-g", f"LARK-{k}-IN"], f"LARK-{k}-IN"),
+            ("nat", "LARK-DNAT", ["-j", f"LARK-{k}-DNAT"], f"LARK-{k}-DNAT"),
+        ]
+
+    def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+        if plan.network_type == "ovs_bridge":
+            return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
+        if plan.ipv6:
+            raise LarkError("IPv6 jobs need the nftables firewall backend", job=plan.job_id,
+                            obj="firewall = iptables", fix='set firewall = "nftables" in lark.toml')
+        if plan.network_type != "nat":
+            # Bridged frames need ebtables-style filtering; Lark does that with nftables' bridge family only.
+            raise LarkError(f"{plan.network_type} mode needs the nftables firewall backend", job=plan.job_id,
+                            obj="firewall = iptables", fix='set firewall = "nftables" in lark.toml')
+        cfg, k = self.cfg, names.key
+        up = cfg.uplink
+
+        def line(*a: str) -> str:
+            return " ".join(a)
+
+        out = [f":LARK-{k}-OUT - [0:0]", line("-A", f"LARK-{k}-OUT", *EST, "-j", "ACCEPT")]
+        if plan.outbound:
+            out.append(line("-A", f"LARK-{k}-OUT", "-o", up, *NEW, "-j", "ACCEPT"))
+        if cfg.allow_job_to_job:
+            out.append(line("-A", f"LARK-{k}-OUT", "-o", WILD, "-j", "ACCEPT"))
+        out.append(line("-A", f"LARK-{k}-OUT", "-j", "DROP"))
+        inn = [f":LARK-{k}-IN - [0:0]", line("-A", f"LARK-{k}-IN", *EST, "-j", "ACCEPT")]
+        if plan.inbound:
+            inn.append(line("-A", f"LARK-{k}-IN", "-i", up, *NEW, "-j", "ACCEPT"))
+        if cfg.allow_job_to_job:
+            inn.append(line("-A", f"LARK-{k}-IN", "-i", WILD, "-j", "ACCEPT"))
+        inn.append(line("-A", f"LARK-{k}-IN", "-j", "DROP"))
+        dnat = [f":LARK-{k}-DNAT - [0:0]"]
+        if plan.inbound and plan.inbound_port:
+            for proto in ("tcp", "udp"):
+                dnat.append(line("-A", f"LARK-{k}-DNAT", "-i", up, "-p", proto, "--dport", str(plan.inbound_port),
+                                 "-j", "DNAT", "--to-destination", f"{plan.ipv4}:{plan.inbound_port}"))
+        jumps = {t: [] for t in ("raw", "filter", "nat")}
+        for table, parent, spec, _ in self._job_jumps(names):
+            jumps[table].append(line("-I", parent, "1", *spec))
+        text = "\n".join([
+            "*raw", f":LARK-{k}-PRE - [0:0]", line("-A", f"LARK-{k}-PRE", "!", "-s", plan.ipv4, "-j", "DROP"),
+            *jumps["raw"], "COMMIT",
+            "*filter", *out, *inn, *jumps["filter"], "COMMIT",
+            "*nat", *dnat, *jumps["nat"], "COMMIT", ""])
+        self._restore(text, f"iptables rules of job {plan.job_id} ({names.host_if})")
+
+    def remove_job(self, names: JobNames) -> Counters | None:
+        found = False
+        final = self.read_counters().get(names.key)
+        existing = {t: self._chains(t) for t in ("raw", "filter", "nat")}
+        for table, parent, spec, chain in self._job_jumps(names):
+            while self._ipt(table, "-D", parent, *spec, check=False).returncode == 0:
+                found = True
+            if chain in existing[table]:
+                self._ipt(table, "-F", chain, check=False)
+                self._ipt(table, "-X", chain, check=False)
+                found = True
+        return (final or Counters()) if found else None
+
+    def read_counters(self) -> dict[str, Counters]:
+        out: dict[str, Counters] = {}
+        for line in self._save("filter"):
+            m = re.match(r"^\[(\d+):(\d+)\] -A (LARK-[A-Za-z0-9_]+-(?:OUT|IN)) .*-j ACCEPT$", line)
+            if not m:
+                continue
+            jm = JOB_CHAIN_RE.match(m.group(3))
+            if not jm:
+                continue
+            c = out.setdefault(jm.group(1), Counters())
+            if jm.group(2) == "OUT":
+                c.packets_out += int(m.group(1))
+                c.bytes_out += int(m.group(2))
+            else:
+                c.packets_in += int(m.group(1))
+                c.bytes_in += int(m.group(2))
+        for table in ("raw", "filter", "nat"):
+            for chain in self._chains(table):
+                jm = JOB_CHAIN_RE.match(chain)
+                if jm:
+                    out.setdefault(jm.group(1), Counters())
+        return out
+
+    def job_keys(self) -> set[str]:
+        keys = set()
+        for table in ("raw", "filter", "nat"):
+            for chain in self._chains(table):
+                jm = JOB_CHAIN_RE.match(chain)
+                if jm:
+                    keys.add(jm.group(1))
+        return keys

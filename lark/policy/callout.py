@@ -1,0 +1,42 @@
+"""The admin callout: job ad, a separator line, the machine ad on stdin; a ClassAd of overrides on stdout."""
+from __future__ import annotations
+
+import subprocess
+
+import classad2
+
+from .classads import parse_ad
+from ..errors import LarkError
+
+SEPARATOR = "------"
+MAX_OUTPUT = 1 << 16
+
+
+def run_callout(path: str, job: classad2.ClassAd, machine: classad2.ClassAd, timeout: float,
+                job_id: str = "?") -> classad2.ClassAd:
+    stdin = job.printOld() + f"\n{SEPARATOR}\n" + machine.printOld()
+    what = f"callout {path}"
+    try:
+        cp = subprocess.run([path], input=stdin, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise LarkError("does not exist", job=job_id, obj=what, fix="fix `callout` in the larkd config") from None
+    except PermissionError:
+        raise LarkError("is not executable", job=job_id, obj=what, fix="chmod +x it") from None
+    except subprocess.TimeoutExpired:
+        raise LarkError(f"did not finish within {timeout:g} s", job=job_id, obj=what,
+                        fix="make it faster or raise callout_timeout") from None
+    if cp.returncode != 0:
+        raise LarkError(f"exited with {cp.returncode}: {cp.stderr.strip()[:200]}", job=job_id, obj=what)
+    if len(cp.stdout) > MAX_OUTPUT:
+        raise LarkError(f"printed more than {MAX_OUTPUT} bytes", job=job_id, obj=what)
+    try:
+        return parse_ad(cp.stdout, f"output of {what}")
+    except LarkError as e:
+        raise LarkError(e.what, job=job_id, obj=f"output of {what}", fix="print `Name = value` lines") from None
+
+
+def apply_overrides(machine: classad2.ClassAd, overrides: classad2.ClassAd) -> classad2.ClassAd:
+    merged = classad2.ClassAd()
+    merged.update(machine)
+    merged.update(overrides)
+    return merged
