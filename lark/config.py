@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import LarkError
+from .names import DEFAULT_NETNS_PREFIX
 
 DEFAULT_PATH = "/etc/lark/lark.toml"
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
@@ -22,7 +23,7 @@ class Config:
     run_dir: str = "/run/lark"          # records and address locks: same lifetime as the kernel objects
     state_dir: str = "/var/lib/lark"    # finished-job accounting survives reboots
     netns_dir: str = "/run/netns"
-    netns_prefix: str = "lark-"
+    netns_prefix: str = DEFAULT_NETNS_PREFIX
     starter_paths: list[str] = field(default_factory=lambda: ["/usr/sbin/condor_starter"])
     ad_source: str = "startd"           # "startd": the local startd and schedd (htcondor2); "files": ad_dir
     ad_dir: str = "/run/lark/ads"

@@ -7,29 +7,40 @@ from dataclasses import dataclass
 
 from .errors import LarkError
 
-HOST_IF_PREFIX = "lk-"
+HOST_IF_PREFIX = "lk-"               # host end of every job's veth; gc finds jobs' links by it
+NFT_JOB_PREFIX = "j_"                # nftables per-job chains, map elements and named counters
+DEFAULT_NETNS_PREFIX = "lark-"       # /run/netns/<prefix><key> (config: netns_prefix)
 SLOT_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")
-_SAFE = re.compile(r"^[A-Za-z0-9_]{1,12}$")
+# The slot-key rule, the one place it is written. 12 characters: an interface name holds 15, and the host
+# end of a job's veth is HOST_IF_PREFIX + key.
+KEY_MAX = 12
+KEY_PATTERN = rf"[A-Za-z0-9_]{{1,{KEY_MAX}}}"
+KEY_RE = re.compile(rf"^{KEY_PATTERN}$")
+
+
+def is_job_key(text: str) -> bool:
+    """Whether `text` is a key `job_key` can return: safe in interface, nft, iptables and file names."""
+    return bool(KEY_RE.fullmatch(text or ""))
 
 
 def job_key(slot: str) -> str:
     """A short identifier that is safe in interface, nft and file names.
 
     Slot names come from the starter's command line (root-owned), but are still treated as untrusted text:
-    anything outside [A-Za-z0-9_] or longer than 12 characters is replaced by a hash.
+    anything outside [A-Za-z0-9_] or longer than KEY_MAX characters is replaced by a hash.
     """
     if not SLOT_RE.fullmatch(slot or ""):
         raise LarkError(f"slot name {slot!r} is not valid", obj="starter command line",
                         fix="slot names are letters, digits and _.@-")
-    if _SAFE.fullmatch(slot):
+    if KEY_RE.fullmatch(slot):
         return slot
-    return "h" + hashlib.sha256(slot.encode()).hexdigest()[:11]
+    return "h" + hashlib.sha256(slot.encode()).hexdigest()[:KEY_MAX - 1]
 
 
 @dataclass(frozen=True)
 class JobNames:
     key: str
-    netns_prefix: str = "lark-"
+    netns_prefix: str = DEFAULT_NETNS_PREFIX
 
     @property
     def netns(self) -> str:
@@ -45,7 +56,7 @@ class JobNames:
 
     @property
     def nft_id(self) -> str:
-        return f"j_{self.key}"
+        return f"{NFT_JOB_PREFIX}{self.key}"
 
     @property
     def job_mac(self) -> str:
@@ -56,6 +67,7 @@ class JobNames:
 
 
 def key_from_host_if(ifname: str) -> str | None:
-    if ifname.startswith(HOST_IF_PREFIX) and len(ifname) > len(HOST_IF_PREFIX):
+    """The job key of a host-side veth name, or None when the name is not one Lark makes."""
+    if ifname.startswith(HOST_IF_PREFIX) and is_job_key(ifname[len(HOST_IF_PREFIX):]):
         return ifname[len(HOST_IF_PREFIX):]
     return None

@@ -22,7 +22,7 @@ from ..kernel.attach import make_modes
 from ..kernel.attach.base import AttachMode
 from ..kernel.ipam import port_pool
 from ..names import JobNames
-from ..plan import NetworkPlan
+from ..plan import JobNetwork, NetworkPlan
 from .records import FinishedStore, JobRecord, RecordStore
 
 log = logging.getLogger(__name__)
@@ -66,99 +66,98 @@ class JobNetworker:
         n = self.names(plan.key)
         rec = JobRecord(key=plan.key, slot=plan.slot, job_id=plan.job_id, starter_pid=starter_pid,
                         starter_start=starter_start, job_pid=job_pid, netns_inode=job_ns, netns=n.netns,
-                        host_if=n.host_if if plan.has_network else "", plan=plan.to_dict())
+                        host_if=n.host_if if plan.has_network else "", plan=JobNetwork(plan).to_dict())
         self.records.save(rec)  # before any kernel object exists, so a crash from here on leaves a trace
         try:
-            self._build(plan, rec, n)
+            self._build(JobNetwork(plan), rec, n)
         except Exception as e:
             log.error("setup of job %s on %s failed, undoing: %s", plan.job_id, plan.slot, e)
-            rec.error = str(e)
             try:
                 self.teardown(plan.key, "setup failed")
-            except Exception:
-                log.exception("undoing the failed setup of %s also failed; `lark gc` will retry", plan.key)
+            except Exception as undo:
+                log.error("undoing the failed setup of %s was incomplete; `lark gc` will retry: %s", plan.key, undo)
             if isinstance(e, LarkError):
                 raise
             raise LarkError(f"setup failed: {e}", job=plan.job_id, obj=f"slot {plan.slot}") from e
         return rec
 
-    def _build(self, plan: NetworkPlan, rec: JobRecord, n: JobNames) -> None:
+    def _build(self, net: JobNetwork, rec: JobRecord, n: JobNames) -> None:
+        plan = net.plan
         path = self.netns_path(plan.key)
         netns.attach(rec.job_pid, path)
-        self.records.step(rec, "netns")
         ns_fd = os.open(path, os.O_RDONLY)
         try:
             if not plan.has_network:
                 with netns.netlink_in(ns_fd) as nipr:
                     links.bring_up_job_side(nipr, None)
-                self.records.step(rec, "loopback")
             else:
                 mode = self.modes[plan.network_type]
                 ipr = self._host_netlink()
                 mode.ensure_prepared(ipr)
-                use_dhcp = self._reserve(plan, mode, ns_fd)
-                rec.plan = plan.to_dict()
-                self.records.step(rec, "address")
+                net, use_dhcp = self._reserve(net, mode, ns_fd)
+                rec.plan = net.to_dict()
+                self.records.save(rec)  # the reserved addresses, for the record and `lark status`
                 links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id, n.job_mac if mode.bridged else None)
-                self.records.step(rec, "veth")
                 host_idx = ipr.link_lookup(ifname=n.host_if)[0]
-                mode.attach(ipr, host_idx, plan, n)
+                mode.attach(ipr, host_idx, net, n)  # before DHCP: bridged, the server is behind the bridge
                 # One netlink socket in the job's netns for everything done there (each costs ~1 ms).
                 with netns.netlink_in(ns_fd) as nipr:
-                    job_idx = self._address(plan, rec, n, mode, ns_fd, nipr, use_dhcp)
+                    job_idx = links.bring_up_job_side(nipr, n.job_if)
+                    if use_dhcp:
+                        net = self._lease_address(net, rec, n, mode, ns_fd)
+                    self._address(net, nipr, job_idx)
                     if plan.rate_limit_mbit:
                         limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
                         shaping.apply(ipr, host_idx, nipr, job_idx, limit, plan.job_id)
-                        rec.steps.append("shaping")
-                mode.secure(plan, n)
+                mode.secure(net, n)
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
                     # job's own netns, where the job has no CAP_NET_ADMIN to change it.
                     job_netns.block_inbound(ns_fd, self.netns_path(plan.key), plan.job_id)
-                self.fw.add_job(plan, n)
+                self.fw.add_job(net, n)
                 self.acct.start(plan.key, rec.created, n.host_if if mode.counts_by_link else None)
-                rec.steps += ["addressing", "firewall"]
         finally:
             os.close(ns_fd)
         rec.phase = "ready"
         self.records.save(rec)
 
-    def _reserve(self, plan: NetworkPlan, mode: AttachMode, ns_fd: int) -> bool:
+    def _reserve(self, net: JobNetwork, mode: AttachMode, ns_fd: int) -> tuple[JobNetwork, bool]:
         """Static addresses (and the inbound port) from the mode's pools; True when IPv4 comes from DHCP."""
+        plan = net.plan
+        got: dict = {}
         use_dhcp = mode.bridged and plan.address_type == "dhcp" and plan.wants_ipv4
         if plan.wants_ipv4 and not use_dhcp:
-            plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
-            plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
+            got.update(ipv4=mode.pool.reserve(plan.key, plan.job_id), gateway4=mode.gateway, ipv4_prefix=mode.prefix)
         if plan.wants_ipv6:
             if mode.pool6 is None:
                 raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
                                 obj="IPProtocol", fix="set subnet6 (NAT) or bridge_range6 (bridged) in "
                                 "lark.toml, or advertise IPProtocol = \"IPv4\" on this machine")
-            plan.ipv6 = mode.pool6.reserve(plan.key, plan.job_id)
-            plan.gateway6, plan.ipv6_prefix = mode.gateway6, mode.prefix6
+            got.update(ipv6=mode.pool6.reserve(plan.key, plan.job_id), gateway6=mode.gateway6,
+                       ipv6_prefix=mode.prefix6)
             # Before the job's device exists, so it inherits it: no DAD delay on its addresses.
             netns.write_sysctl_in(ns_fd, "net.ipv6.conf.default.accept_dad", "0")
         if plan.inbound and not mode.bridged:
-            plan.inbound_port = int(self.ports.reserve(plan.key, plan.job_id))
-        return use_dhcp
+            got["inbound_port"] = int(self.ports.reserve(plan.key, plan.job_id))
+        return net.with_addresses(**got), use_dhcp
 
-    def _address(self, plan: NetworkPlan, rec: JobRecord, n: JobNames, mode: AttachMode, ns_fd: int,
-                 nipr: IPRoute, use_dhcp: bool) -> int:
-        """Bring the job's side up with its addresses and default routes (IPv4 after DHCP when leased);
-        returns the job device's index."""
-        idx = links.bring_up_job_side(nipr, n.job_if)
-        if use_dhcp:
-            lease = self._dhcp_lease(plan, n, ns_fd)
-            plan.ipv4, plan.ipv4_prefix = lease.address, lease.prefix
-            plan.gateway4 = lease.router or mode.gateway
-            plan.dhcp = lease.to_dict()
-            rec.plan = plan.to_dict()
-            self.records.step(rec, "dhcp")
-        if plan.ipv4:
-            links.add_job_address(nipr, idx, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
-        if plan.ipv6:
-            links.add_job_address6(nipr, idx, plan.ipv6, plan.ipv6_prefix, plan.gateway6)
-        return idx
+    def _lease_address(self, net: JobNetwork, rec: JobRecord, n: JobNames, mode: AttachMode,
+                       ns_fd: int) -> JobNetwork:
+        """IPv4 from DHCP (the job's device must be up); recorded at once so teardown releases the lease."""
+        lease = self._dhcp_lease(net.plan, n, ns_fd)
+        net = net.with_addresses(ipv4=lease.address, ipv4_prefix=lease.prefix,
+                                 gateway4=lease.router or mode.gateway, dhcp=lease.to_dict())
+        rec.plan = net.to_dict()
+        self.records.save(rec)
+        return net
+
+    @staticmethod
+    def _address(net: JobNetwork, nipr: IPRoute, idx: int) -> None:
+        """The job's addresses and default routes on its (already up) device."""
+        if net.addrs.ipv4:
+            links.add_job_address(nipr, idx, net.addrs.ipv4, net.addrs.ipv4_prefix, net.addrs.gateway4)
+        if net.addrs.ipv6:
+            links.add_job_address6(nipr, idx, net.addrs.ipv6, net.addrs.ipv6_prefix, net.addrs.gateway6)
 
     def _dhcp_lease(self, plan: NetworkPlan, n: JobNames, ns_fd: int) -> dhcp.Lease:
         """The slot's cached lease while it is fresh (no DISCOVER at all), else a new one from the server."""
@@ -227,40 +226,76 @@ class JobNetworker:
         return ipr
 
     def teardown(self, key: str, reason: str) -> dict | None:
-        """Remove everything a job key can own; safe to repeat and on partial state."""
+        """Remove everything a job key can own; safe to repeat and on partial state.
+
+        Every step runs even when an earlier one failed (a firewall that cannot remove its rules must not leave
+        the veth, the namespace and the addresses behind). The failures are collected and raised together at
+        the end as one TeardownError; the record is then kept, so `lark gc` and the next start try again.
+        """
         n = self.names(key)
-        rec = self.records.load(key)
+        errors = TeardownErrors(key)
+        rec = errors.run("read the record", self.records.load, key)
         if rec:
             rec.phase = "tearing-down"
-            self.records.save(rec)
-        self._release_lease(key, rec)
+            errors.run("mark the record", self.records.save, rec)
+        errors.run("release the DHCP lease", self._release_lease, key, rec)
         ipr = self._host_netlink()
-        link = links.link_stats(ipr, n.host_if)
-        reading = self.fw.remove_job(n)
+        link = errors.run("read the veth counters", links.link_stats, ipr, n.host_if)
+        reading = errors.run(f"remove the {self.fw.name} rules", self.fw.remove_job, n)
         mode = self.modes.get(rec.plan.get("network_type", "")) if rec else None
         if mode is not None and mode.counts_by_link and link:
             reading = link_reading(link)
-        summary = self.acct.final(key, reading, rec.created if rec else None)
+        summary = errors.run("close the accounting", self.acct.final, key, reading, rec.created if rec else None)
         # A record names the job's mode; an orphan found by gc may be in any of them.
-        for m in ([mode] if mode is not None else [m for m in self.modes.values() if key in m.job_keys()]):
-            m.detach(n)
-        links.delete_link(ipr, n.host_if)
+        if mode is not None:
+            holders = [mode]
+        else:
+            holders = [m for m in self.modes.values() if key in (errors.run(f"list {m.name} ports", m.job_keys) or ())]
+        for m in holders:
+            errors.run(f"detach from {m.name}", m.detach, n)
+        errors.run(f"delete {n.host_if}", links.delete_link, ipr, n.host_if)
         if summary is not None and link:
             # The device's own view, for cross-checking the netfilter counters: host-side tx = toward the job.
             summary["link_bytes_in"] = link["tx_bytes"]
             summary["link_packets_in"] = link["tx_packets"]
             summary["link_bytes_out"] = link["rx_bytes"]
             summary["link_packets_out"] = link["rx_packets"]
-        netns.detach(self.netns_path(key))
+        errors.run(f"remove netns {n.netns}", netns.detach, self.netns_path(key))
         for pool in self.pools:
-            pool.release(key)
+            errors.run(f"release the {pool.what}", pool.release, key)
         if rec and summary is not None:
             plan = rec.plan
             summary.update({"job_id": rec.job_id, "slot": rec.slot, "key": key, "ended": time.time(),
                             "started": rec.created, "network_type": plan.get("network_type"),
                             "ipv4": plan.get("ipv4"), "owner": plan.get("owner"),
                             "accounting_group": plan.get("accounting_group"), "reason": reason})
-            self.finished.save(key, summary)
+            errors.run("save the final accounting", self.finished.save, key, summary)
+        if errors:
+            raise errors.error(rec.job_id if rec else None)
         self.records.delete(key)
         log.info("tore down network of %s (%s)", rec.job_id if rec else key, reason)
         return summary
+
+
+class TeardownErrors:
+    """netavark's error list: run every teardown step, remember what failed, report it all at the end."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.failed: list[str] = []
+
+    def run(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except Exception as e:  # any failure of one step; the others still run
+            log.error("teardown of %s: could not %s: %s", self.key, what, e)
+            self.failed.append(f"could not {what}: {e}")
+            return None
+
+    def __bool__(self) -> bool:
+        return bool(self.failed)
+
+    def error(self, job_id: str | None) -> LarkError:
+        return LarkError(f"teardown finished with {len(self.failed)} error(s): " + "; ".join(self.failed),
+                         job=job_id, obj=f"job key {self.key}",
+                         fix="fix the cause, then run `lark gc` (the record is kept so it retries)")

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +27,12 @@ class JobRecord:
     netns_inode: int
     netns: str
     host_if: str
-    plan: dict
-    phase: str = "setting-up"         # setting-up -> ready -> tearing-down
-    steps: list[str] = field(default_factory=list)
+    plan: dict                        # JobNetwork.to_dict(): the decided plan and the addresses built for it
+    phase: str = "setting-up"         # setting-up -> ready -> tearing-down (kept there when teardown failed)
     created: float = field(default_factory=time.time)
-    counters: dict = field(default_factory=dict)
-    error: str = ""
+
+
+_RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 
 
 def remove_stale_temps(directory: str) -> list[str]:
@@ -75,17 +75,16 @@ class RecordStore:
     def save(self, rec: JobRecord) -> None:
         _atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
 
-    def step(self, rec: JobRecord, name: str) -> None:
-        rec.steps.append(name)
-        self.save(rec)
-
     def load(self, key: str) -> JobRecord | None:
         try:
             with open(self.path(key)) as f:
-                return JobRecord(**json.load(f))
+                data = json.load(f)
+            # Fields a former version wrote and this one no longer has (steps, error, counters) are dropped,
+            # so an upgrade adopts running jobs instead of treating their records as unreadable.
+            return JobRecord(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, AttributeError) as e:
             log.error("record %s is unreadable (%s); it will be treated as an orphan", self.path(key), e)
             return None
 

@@ -47,6 +47,7 @@ class Larkd:
         self.watches: dict[str, int] = {}      # key -> pidfd of the starter
         self.checked: dict[str, tuple] = {}    # key -> (starter pid, start, when, plan) from PREPARE_JOB's check
         self.connections = 0
+        self.tasks: set[asyncio.Task] = set()  # background releases: referenced until done, errors logged
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -98,7 +99,20 @@ class Larkd:
             self.loop.remove_reader(fd)
             os.close(fd)
             self.watches.pop(key, None)
-        asyncio.ensure_future(self.release(key, "starter exited"))
+        self.spawn(self.release(key, "starter exited"), f"release of {key}")
+
+    def spawn(self, coro, what: str) -> asyncio.Task:
+        """A background task that is kept referenced until it ends (the loop holds only weak references) and
+        whose failure is logged instead of vanishing with the task."""
+        task = self.loop.create_task(coro)
+        self.tasks.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self.tasks.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                log.error("%s failed: %s", what, t.exception())
+        task.add_done_callback(done)
+        return task
 
     async def release(self, key: str, reason: str) -> dict | None:
         async with self._lock(key):
@@ -281,7 +295,7 @@ class Larkd:
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, stop.set)
-        poll = asyncio.ensure_future(self.poller())
+        poll = self.spawn(self.poller(), "counter polling")
         log.info("larkd %s listening on %s (firewall %s, subnet %s, uplink %s)", __version__, path, self.fw.name,
                  self.cfg.subnet, self.cfg.uplink)
         await stop.wait()

@@ -1,19 +1,20 @@
-"""Find and remove what no live job owns: namespaces, veths, firewall objects, records, address locks."""
+"""Find and remove what no live job owns: namespaces, veths, firewall objects (of both backends), records,
+address locks."""
 from __future__ import annotations
 
 import logging
-import re
 
 from pyroute2 import IPRoute
 
+from ..errors import LarkError
 from ..kernel import links, netns
+from ..kernel.firewall import Firewall, other_firewalls
 from . import peercred
 from .jobnet import JobNetworker
-from ..names import HOST_IF_PREFIX, key_from_host_if
+from ..names import HOST_IF_PREFIX, JobNames, is_job_key, key_from_host_if
 from .records import remove_stale_temps
 
 log = logging.getLogger(__name__)
-SAFE_KEY = re.compile(r"^[A-Za-z0-9_]{1,32}$")
 
 
 def live_record_keys(net: JobNetworker) -> set[str]:
@@ -21,7 +22,15 @@ def live_record_keys(net: JobNetworker) -> set[str]:
     return {r.key for r in net.records.all() if peercred.alive(r.starter_pid, r.starter_start)}
 
 
-def find_orphans(net: JobNetworker, keep: set[str]) -> dict[str, list[str]]:
+def _keys_of(fw: Firewall) -> set[str]:
+    try:
+        return fw.job_keys()
+    except LarkError as e:  # e.g. the other backend's tools are not installed: it cannot hold anything
+        log.debug("no %s job objects to look at: %s", fw.name, e)
+        return set()
+
+
+def find_orphans(net: JobNetworker, keep: set[str], others: list[Firewall] | None = None) -> dict[str, list[str]]:
     cfg = net.cfg
     found: dict[str, list[str]] = {}
 
@@ -38,8 +47,9 @@ def find_orphans(net: JobNetworker, keep: set[str]) -> dict[str, list[str]]:
             key = key_from_host_if(ifname)
             if key:
                 add(key, f"link {ifname}")
-    for key in net.fw.job_keys():
-        add(key, f"{net.fw.name} rules")
+    for fw in [net.fw, *(other_firewalls(cfg) if others is None else others)]:
+        for key in _keys_of(fw):
+            add(key, f"{fw.name} rules")
     for mode in net.modes.values():
         for key in mode.job_keys():
             add(key, f"{mode.name} port")
@@ -56,17 +66,54 @@ def sweep_temps(net: JobNetworker, dry_run: bool) -> list[str]:
     return [f"stale temp file {name}" for d in dirs for name in remove_stale_temps(d)]
 
 
-def sweep(net: JobNetworker, keep: set[str], dry_run: bool = False) -> list[str]:
+def sweep(net: JobNetworker, keep: set[str], dry_run: bool = False,
+          others: list[Firewall] | None = None) -> list[str]:
+    """Remove every orphan; one orphan that cannot be removed does not stop the others (it is reported)."""
+    others = other_firewalls(net.cfg) if others is None else others
+    other_keys = {fw.name: _keys_of(fw) for fw in others}
     actions = sweep_temps(net, dry_run)
-    for key, whats in sorted(find_orphans(net, keep).items()):
-        actions.append(f"{key}: " + ", ".join(whats))
+    for key, whats in sorted(find_orphans(net, keep, others).items()):
+        action = f"{key}: " + ", ".join(whats)
         if not dry_run:
             log.warning("removing orphaned objects of %s: %s", key, ", ".join(whats))
-            if SAFE_KEY.fullmatch(key):
-                net.teardown(key, "orphaned")
-            # Locks whose owner key is not a valid name cannot be found by teardown; drop them by item.
-            for pool in net.pools:
-                for item, owner in pool.entries():
-                    if owner == key:
-                        pool.drop(item)
+            failed = _remove(net, others, other_keys, key)
+            if failed:
+                action += f" (incomplete: {failed}; run gc again once fixed)"
+        actions.append(action)
+    if not dry_run:
+        for fw in others:
+            if not _keys_of(fw) and _base_present(fw):
+                try:
+                    fw.destroy_base()
+                    actions.append(f"base {fw.name} objects (firewall is {net.fw.name})")
+                except LarkError as e:
+                    actions.append(f"base {fw.name} objects (incomplete: {e})")
     return actions
+
+
+def _base_present(fw: Firewall) -> bool:
+    try:
+        return fw.base_present()
+    except LarkError:
+        return False
+
+
+def _remove(net: JobNetworker, others: list[Firewall], other_keys: dict[str, set[str]], key: str) -> str:
+    failed = []
+    if is_job_key(key):
+        try:
+            net.teardown(key, "orphaned")
+        except LarkError as e:
+            failed.append(str(e))
+        for fw in others:
+            if key in other_keys[fw.name]:
+                try:
+                    fw.remove_job(JobNames(key, net.cfg.netns_prefix))
+                except LarkError as e:
+                    failed.append(f"{fw.name}: {e}")
+    # Locks whose owner key is not a valid name cannot be found by teardown; drop them by item.
+    for pool in net.pools:
+        for item, owner in pool.entries():
+            if owner == key:
+                pool.drop(item)
+    return "; ".join(failed)

@@ -1,8 +1,10 @@
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lark import config
 from lark.errors import LarkError
-from lark.names import JobNames, job_key, key_from_host_if
+from lark.names import KEY_MAX, NFT_JOB_PREFIX, JobNames, is_job_key, job_key, key_from_host_if
 
 
 def test_defaults_are_valid():
@@ -55,3 +57,23 @@ def test_job_key_is_safe_for_kernel_names():
 def test_trailing_newline_and_hostile_interface_names_rejected(name):
     with pytest.raises(LarkError, match="uplink"):
         config.Config(uplink=name).validate()
+
+
+@given(st.from_regex(r"\A[A-Za-z0-9_.@-]{1,128}\Z"))
+def test_every_job_key_round_trips_through_every_name_that_carries_it(slot):
+    from lark.kernel.firewall.iptables import JOB_CHAIN_RE
+    key = job_key(slot)
+    assert is_job_key(key) and len(key) <= KEY_MAX
+    n = JobNames(key)
+    assert len(n.host_if) <= 15  # IFNAMSIZ - 1
+    assert key_from_host_if(n.host_if) == key
+    assert JOB_CHAIN_RE.fullmatch(f"LARK-{key}-OUT").group(1) == key
+    assert n.nft_id == NFT_JOB_PREFIX + key
+
+
+def test_names_that_no_job_key_can_have_are_not_taken_for_jobs():
+    assert key_from_host_if("lk-") is None
+    assert key_from_host_if("lk-" + "a" * (KEY_MAX + 1)) is None
+    assert key_from_host_if("lk-a.b") is None
+    assert key_from_host_if("eth0") is None
+    assert not is_job_key("") and not is_job_key("a-b")

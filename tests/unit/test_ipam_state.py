@@ -1,3 +1,4 @@
+import json
 import threading
 
 import pytest
@@ -56,14 +57,23 @@ def _rec(key="slot1"):
                      netns=f"lark-{key}", host_if=f"lk-{key}", plan={"ipv4": "10.0.0.2"})
 
 
-def test_records_roundtrip_steps_and_corrupt_file(tmp_path):
+def test_records_roundtrip_old_fields_and_corrupt_file(tmp_path):
     store = RecordStore(str(tmp_path))
     r = _rec()
+    r.phase = "ready"
     store.save(r)
-    store.step(r, "netns")
-    assert store.load("slot1").steps == ["netns"]
+    assert store.load("slot1") == r
+    # A record written by a former version (fields since removed) still loads, so its job is adopted.
+    old = json.loads((tmp_path / "slot1.json").read_text())
+    (tmp_path / "old.json").write_text(json.dumps({**old, "key": "old", "steps": ["netns"], "error": "",
+                                                   "counters": {}}))
+    assert store.load("old").plan == {"ipv4": "10.0.0.2"} and store.load("old").phase == "ready"
+    store.delete("old")
     (tmp_path / "bad.json").write_text("{not json")
     assert store.load("bad") is None
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert store.load("list") is None
+    store.delete("list")
     assert {x.key for x in store.all()} == {"slot1"}
     store.delete("slot1")
     store.delete("slot1")

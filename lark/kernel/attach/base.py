@@ -9,7 +9,7 @@ from pyroute2 import IPRoute
 from ...config import Config
 from ..ipam import LockPool, range_pool, range_pool6
 from ...names import JobNames
-from ...plan import NetworkPlan
+from ...plan import JobNetwork
 
 
 class AttachMode(abc.ABC):
@@ -50,10 +50,10 @@ class AttachMode(abc.ABC):
         """Shared host objects this mode needs (a bridge, ...); idempotent and cheap when done."""
 
     @abc.abstractmethod
-    def attach(self, ipr: IPRoute, host_idx: int, plan: NetworkPlan, names: JobNames) -> None:
+    def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
         """Connect the host end of the job's veth (already up) to this mode's network."""
 
-    def secure(self, plan: NetworkPlan, names: JobNames) -> None:
+    def secure(self, plan: JobNetwork, names: JobNames) -> None:
         """Per-job filtering this mode does itself, once the job's address is known (after DHCP)."""
 
     def detach(self, names: JobNames) -> bool:

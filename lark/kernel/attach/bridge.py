@@ -16,7 +16,7 @@ from pyroute2 import IPRoute
 from ...errors import LarkError
 from ..links import take_over_uplink
 from ...names import JobNames
-from ...plan import NetworkPlan
+from ...plan import JobNetwork
 from .base import BridgedMode
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class BridgeMode(BridgedMode):
         ipr.link("set", index=br, state="up")
         log.info("created bridge %s%s", name, f" with uplink {uplink}" if uplink else "")
 
-    def attach(self, ipr: IPRoute, host_idx: int, plan: NetworkPlan, names: JobNames) -> None:
+    def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
         br = ipr.link_lookup(ifname=self.cfg.bridge_name)
         if not br:
             raise LarkError("the bridge disappeared", job=plan.job_id, obj=self.cfg.bridge_name,

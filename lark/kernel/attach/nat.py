@@ -7,7 +7,7 @@ from pyroute2 import IPRoute
 
 from ..ipam import LockPool, address_pool, address_pool6
 from ...names import JobNames
-from ...plan import NetworkPlan
+from ...plan import JobNetwork
 from .base import AttachMode
 
 SCOPE_LINK = 253
@@ -37,7 +37,7 @@ class NatMode(AttachMode):
     def prefix(self) -> int:
         return 32
 
-    def attach(self, ipr: IPRoute, host_idx: int, plan: NetworkPlan, names: JobNames) -> None:
+    def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
         # The gateway address sits on every host-side veth; each job has a host route (/32, /128).
         if plan.ipv4:
             ipr.addr("add", index=host_idx, address=self.gateway, prefixlen=32)

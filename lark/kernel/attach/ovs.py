@@ -23,8 +23,8 @@ from pyroute2 import IPRoute
 from ...errors import LarkError
 from ..firewall.base import run_tool
 from ..links import take_over_uplink
-from ...names import HOST_IF_PREFIX, JobNames
-from ...plan import NetworkPlan
+from ...names import JobNames, key_from_host_if
+from ...plan import JobNetwork
 from .base import BridgedMode
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class OvsMode(BridgedMode):
         log.info("OVS bridge %s took uplink %s (addresses %s)", self.br, self.cfg.ovs_uplink, addrs_moved)
 
     # -- per job ----------------------------------------------------------------------------------------
-    def attach(self, ipr: IPRoute, host_idx: int, plan: NetworkPlan, names: JobNames) -> None:
+    def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
         port = names.host_if
         args = ["--may-exist", "add-port", self.br, port, "--", "set", "interface", port,
                 f"external_ids:lark-key={names.key}", f"external_ids:lark-job={plan.job_id}"]
@@ -95,7 +95,7 @@ class OvsMode(BridgedMode):
             args += ["--", "set", "port", port, f"tag={int(plan.vlan)}"]
         self.vsctl(*args)
 
-    def secure(self, plan: NetworkPlan, names: JobNames) -> None:
+    def secure(self, plan: JobNetwork, names: JobNames) -> None:
         port = names.host_if
         c = cookie_of(names.key)
         mac, ip = names.job_mac, plan.ipv4
@@ -125,4 +125,4 @@ class OvsMode(BridgedMode):
 
     def job_keys(self) -> set[str]:
         """Keys of job ports on the bridge (for gc)."""
-        return {p[len(HOST_IF_PREFIX):] for p in self.ports_before if p.startswith(HOST_IF_PREFIX)}
+        return {key for key in map(key_from_host_if, self.ports_before) if key}

@@ -1,8 +1,12 @@
 """Firewall drivers behind one interface; `make_firewall` picks the one named in config."""
 from __future__ import annotations
 
+import dataclasses
+
 from ...config import Config
 from .base import Counters, Firewall
+
+BACKENDS = ("nftables", "iptables")
 
 
 def make_firewall(cfg: Config) -> Firewall:
@@ -13,4 +17,9 @@ def make_firewall(cfg: Config) -> Firewall:
     return NftablesFirewall(cfg)
 
 
-__all__ = ["Counters", "Firewall", "make_firewall"]
+def other_firewalls(cfg: Config) -> list[Firewall]:
+    """Drivers for the backends the config does not choose: gc removes what a former setting left there."""
+    return [make_firewall(dataclasses.replace(cfg, firewall=b)) for b in BACKENDS if b != cfg.firewall]
+
+
+__all__ = ["BACKENDS", "Counters", "Firewall", "make_firewall", "other_firewalls"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from ...config import Config
 from ...errors import LarkError
 from ...names import JobNames
-from ...plan import NetworkPlan
+from ...plan import JobNetwork
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Firewall(abc.ABC):
         """Remove everything this backend ever created; idempotent."""
 
     @abc.abstractmethod
-    def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+    def add_job(self, plan: JobNetwork, names: JobNames) -> None:
         """Install the job's rules and counters atomically."""
 
     @abc.abstractmethod

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 import re
 
-from ...names import HOST_IF_PREFIX, JobNames
-from ...plan import NetworkPlan
+from ...names import HOST_IF_PREFIX, KEY_PATTERN, JobNames
+from ...plan import JobNetwork
 from ...errors import LarkError
 from .base import Counters, Firewall, run_tool
 
@@ -23,7 +23,7 @@ BASE = [  # (table, built-in chain, our chain)
     ("nat", "PREROUTING", "LARK-DNAT"),
     ("nat", "POSTROUTING", "LARK-POST"),
 ]
-JOB_CHAIN_RE = re.compile(r"^LARK-([A-Za-z0-9_]+)-(PRE|OUT|IN|DNAT)$")
+JOB_CHAIN_RE = re.compile(rf"^LARK-({KEY_PATTERN})-(PRE|OUT|IN|DNAT)$")
 EST = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"]
 NEW = ["-m", "conntrack", "--ctstate", "NEW"]
 
@@ -93,7 +93,7 @@ class IptablesFirewall(Firewall):
             ("nat", "LARK-DNAT", ["-j", f"LARK-{k}-DNAT"], f"LARK-{k}-DNAT"),
         ]
 
-    def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+    def add_job(self, plan: JobNetwork, names: JobNames) -> None:
         if plan.network_type == "ovs_bridge":
             return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
         if plan.ipv6:
@@ -152,11 +152,11 @@ class IptablesFirewall(Firewall):
     def read_counters(self) -> dict[str, Counters]:
         out: dict[str, Counters] = {}
         for line in self._save("filter"):
-            m = re.match(r"^\[(\d+):(\d+)\] -A (LARK-[A-Za-z0-9_]+-(?:OUT|IN)) .*-j ACCEPT$", line)
+            m = re.match(r"^\[(\d+):(\d+)\] -A (\S+) .*-j ACCEPT$", line)  # job chains: JOB_CHAIN_RE below
             if not m:
                 continue
             jm = JOB_CHAIN_RE.match(m.group(3))
-            if not jm:
+            if not jm or jm.group(2) not in ("OUT", "IN"):
                 continue
             c = out.setdefault(jm.group(1), Counters())
             if jm.group(2) == "OUT":

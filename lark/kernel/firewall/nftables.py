@@ -11,8 +11,8 @@ import logging
 
 from ...errors import LarkError
 from . import libnft
-from ...names import HOST_IF_PREFIX, JobNames
-from ...plan import NetworkPlan
+from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if
+from ...plan import JobNetwork
 from .base import Counters, Firewall, run_tool
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,7 @@ class NftablesFirewall(Firewall):
     def _rule(self, chain: str, *expr: dict, t: dict | None = None) -> dict:
         return {"add": {"rule": {**(t or self.t), "chain": chain, "expr": list(expr)}}}
 
-    def _antispoof(self, chain: str, plan: NetworkPlan, t: dict | None = None) -> list[dict]:
+    def _antispoof(self, chain: str, plan: JobNetwork, t: dict | None = None) -> list[dict]:
         out = []
         fam = {"family": "nfproto"} if (t or self.t)["family"] == "inet" else {"family": "protocol"}
         v4, v6 = ("ipv4", "ipv6") if fam["family"] == "nfproto" else ("ip", "ip6")
@@ -118,7 +118,7 @@ class NftablesFirewall(Firewall):
             cmds.append(self._rule("inp", _meta("iifname", WILDCARD), {"drop": None}, t=tb))
         return cmds
 
-    def _bridge_job(self, plan: NetworkPlan, names: JobNames) -> list[dict]:
+    def _bridge_job(self, plan: JobNetwork, names: JobNames) -> list[dict]:
         tb, j = self.tb, names.nft_id
         cmds: list[dict] = [{"add": {"counter": {**tb, "name": f"{j}_in"}}},
                             {"add": {"counter": {**tb, "name": f"{j}_out"}}}]
@@ -217,7 +217,7 @@ class NftablesFirewall(Firewall):
         return bool(self._tables())
 
     # -- per job --------------------------------------------------------------------------------------
-    def add_job(self, plan: NetworkPlan, names: JobNames) -> None:
+    def add_job(self, plan: JobNetwork, names: JobNames) -> None:
         if plan.network_type == "ovs_bridge":
             return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
         if plan.network_type == "bridge":
@@ -329,10 +329,10 @@ class NftablesFirewall(Firewall):
         for family in self._tables():
             for o in self._list("counters", "table", family, self.table):
                 c = o.get("counter")
-                if not c or not c["name"].startswith("j_"):
+                if not c or not c["name"].startswith(NFT_JOB_PREFIX):
                     continue
                 base, _, direction = c["name"].rpartition("_")
-                cur = out.setdefault(base[2:], Counters())
+                cur = out.setdefault(base[len(NFT_JOB_PREFIX):], Counters())
                 if direction == "in":
                     cur.bytes_in += c["bytes"]
                     cur.packets_in += c["packets"]
@@ -347,11 +347,11 @@ class NftablesFirewall(Firewall):
             for o in objs:
                 for kind in ("chain", "counter"):
                     name = o.get(kind, {}).get("name", "")
-                    if name.startswith("j_"):
-                        keys.add(name[2:].rpartition("_")[0])
+                    if name.startswith(NFT_JOB_PREFIX):
+                        keys.add(name[len(NFT_JOB_PREFIX):].rpartition("_")[0])
                 m = o.get("map")
                 if m and m.get("name") in (*MAPS, *BR_MAPS):
                     for key, _ in m.get("elem", []):
-                        if isinstance(key, str) and key.startswith(HOST_IF_PREFIX):
-                            keys.add(key[len(HOST_IF_PREFIX):])
+                        if isinstance(key, str) and key_from_host_if(key):
+                            keys.add(key_from_host_if(key))
         return keys

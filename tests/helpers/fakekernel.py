@@ -1,0 +1,176 @@
+"""An in-memory kernel for unit tests of the orchestration (jobnet, sweep, daemon dispatch).
+
+The way Kubernetes tests its nftables code against a fake: every kernel call that jobnet makes (netns, links,
+shaping, the in-namespace filter, the attach mode and the firewall driver) changes a set of named objects here
+instead of the kernel, and any step can be told to fail. The address pools stay real (lock files in a temp dir),
+so a test also sees whether addresses were given back.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from types import SimpleNamespace
+
+from lark.config import Config
+from lark.daemon import jobnet as jobnet_mod
+from lark.daemon import sweep as sweep_mod
+from lark.daemon.jobnet import JobNetworker
+from lark.daemon.records import FinishedStore, RecordStore
+from lark.kernel.accounting import Accountant
+from lark.kernel.attach.nat import NatMode
+from lark.kernel.firewall.base import Counters, Firewall
+from lark.names import JobNames
+
+
+class KernelFailure(OSError):
+    """What a failing fake step raises (kernel calls fail with OSError or pyroute2's NetlinkError)."""
+
+
+class FakeKernel:
+    def __init__(self) -> None:
+        self.objects: set[tuple[str, str]] = set()   # (kind, name): ("netns", "lark-slot1"), ("link", "lk-slot1")
+        self.fail: set[str] = set()                  # names of steps that raise
+        self.calls: list[str] = []
+
+    def step(self, name: str) -> None:
+        self.calls.append(name)
+        if name in self.fail:
+            raise KernelFailure(f"injected failure of {name}")
+
+    def of_key(self, key: str) -> set[tuple[str, str]]:
+        return {o for o in self.objects if o[1].endswith(key)}
+
+
+class FakeFirewall(Firewall):
+    """A driver whose rules are objects ("fw:<name>", key) in the fake kernel."""
+
+    def __init__(self, cfg: Config, kernel: FakeKernel, name: str = "nftables"):
+        super().__init__(cfg)
+        self.k = kernel
+        self.name = name
+
+    def ensure_base(self) -> None:
+        self.k.objects.add((f"fw:{self.name}", "base"))
+
+    def destroy_base(self) -> None:
+        self.k.step(f"{self.name}.destroy_base")
+        self.k.objects.discard((f"fw:{self.name}", "base"))
+
+    def add_job(self, plan, names: JobNames) -> None:
+        self.k.step(f"{self.name}.add_job")
+        self.k.objects.add((f"fw:{self.name}", names.key))
+
+    def remove_job(self, names: JobNames) -> Counters | None:
+        self.k.step(f"{self.name}.remove_job")
+        if (f"fw:{self.name}", names.key) not in self.k.objects:
+            return None
+        self.k.objects.discard((f"fw:{self.name}", names.key))
+        return Counters(bytes_in=1000, bytes_out=500, packets_in=10, packets_out=5)
+
+    def read_counters(self) -> dict[str, Counters]:
+        return {}
+
+    def job_keys(self) -> set[str]:
+        return {name for kind, name in self.k.objects if kind == f"fw:{self.name}" and name != "base"}
+
+    def base_present(self) -> bool:
+        return (f"fw:{self.name}", "base") in self.k.objects
+
+
+class FakeMode(NatMode):
+    """NAT mode's addressing (real pools); its kernel work goes to the fake kernel."""
+
+    def __init__(self, cfg: Config, kernel: FakeKernel):
+        super().__init__(cfg)
+        self.k = kernel
+
+    def attach(self, ipr, host_idx: int, plan, names: JobNames) -> None:
+        self.k.step("mode.attach")
+        self.k.objects.add(("route", f"{plan.ipv4}/{names.key}"))
+
+    def detach(self, names: JobNames) -> bool:
+        self.k.step("mode.detach")
+        gone = {o for o in self.k.objects if o[0] == "route" and o[1].endswith("/" + names.key)}
+        self.k.objects -= gone
+        return bool(gone)
+
+    def job_keys(self) -> set[str]:
+        return {name.rpartition("/")[2] for kind, name in self.k.objects if kind == "route"}
+
+
+def _fake_netns(k: FakeKernel) -> SimpleNamespace:
+    def attach(pid: int, path: str) -> None:
+        k.step("netns.attach")
+        open(path, "w").close()  # jobnet opens the name; a plain file serves for the fake
+        k.objects.add(("netns", os.path.basename(path)))
+
+    def detach(path: str) -> bool:
+        k.step("netns.detach")
+        found = ("netns", os.path.basename(path)) in k.objects
+        k.objects.discard(("netns", os.path.basename(path)))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return found
+
+    @contextlib.contextmanager
+    def netlink_in(ns_fd: int):
+        yield SimpleNamespace()
+
+    @contextlib.contextmanager
+    def entered(ns_fd: int):
+        yield
+
+    def list_named(netns_dir: str, prefix: str) -> list[str]:
+        return sorted(n for kind, n in k.objects if kind == "netns" and n.startswith(prefix))
+
+    return SimpleNamespace(attach=attach, detach=detach, netlink_in=netlink_in, entered=entered,
+                           list_named=list_named, write_sysctl_in=lambda fd, key, value: k.step("sysctl"))
+
+
+def _fake_links(k: FakeKernel) -> SimpleNamespace:
+    def create_veth(ipr, host_if, job_if, ns_fd, job, job_mac=None) -> None:
+        k.step("links.create_veth")
+        k.objects.add(("link", host_if))
+
+    def delete_link(ipr, ifname) -> bool:
+        k.step("links.delete_link")
+        found = ("link", ifname) in k.objects
+        k.objects.discard(("link", ifname))
+        return found
+
+    def link_stats(ipr, ifname):
+        k.step("links.link_stats")
+        if ("link", ifname) not in k.objects:
+            return None
+        return {"tx_bytes": 1, "tx_packets": 1, "rx_bytes": 2, "rx_packets": 2}
+
+    def add_job_address(nipr, idx, ip, prefix, gateway) -> None:
+        k.step("links.add_job_address")
+
+    def list_links(ipr, prefix: str) -> list[str]:
+        return sorted(n for kind, n in k.objects if kind == "link" and n.startswith(prefix))
+
+    return SimpleNamespace(create_veth=create_veth, delete_link=delete_link, link_stats=link_stats,
+                           bring_up_job_side=lambda nipr, name: k.step("links.bring_up") or 2,
+                           add_job_address=add_job_address,
+                           add_job_address6=lambda *a: k.step("links.add_job_address6"), list_links=list_links)
+
+
+def fake_networker(tmp: str, monkeypatch, **cfg_overrides) -> tuple[JobNetworker, FakeKernel]:
+    """A JobNetworker whose kernel is a FakeKernel: real records, pools and accounting in `tmp`."""
+    k = FakeKernel()
+    cfg = Config(run_dir=os.path.join(tmp, "run"), state_dir=os.path.join(tmp, "state"),
+                 netns_dir=os.path.join(tmp, "netns"), subnet="10.77.0.0/29", **cfg_overrides).validate()
+    os.makedirs(cfg.netns_dir)
+    for mod in (jobnet_mod, sweep_mod):
+        monkeypatch.setattr(mod, "netns", _fake_netns(k))
+        monkeypatch.setattr(mod, "links", _fake_links(k))
+    monkeypatch.setattr(sweep_mod, "IPRoute", contextlib.nullcontext)
+    monkeypatch.setattr(jobnet_mod.shaping, "apply", lambda *a: k.step("shaping.apply"))
+    monkeypatch.setattr(jobnet_mod.job_netns, "block_inbound", lambda *a: k.step("job_netns.block_inbound"))
+    fw = FakeFirewall(cfg, k)
+    net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
+                       FinishedStore(os.path.join(cfg.state_dir, "finished")))
+    net.modes = {"nat": FakeMode(cfg, k)}
+    monkeypatch.setattr(net, "_host_netlink", lambda: SimpleNamespace(link_lookup=lambda ifname: [7]))
+    return net, k

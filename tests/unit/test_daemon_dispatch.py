@@ -1,0 +1,96 @@
+"""larkd's dispatch and background releases, with the kernel replaced by an in-memory fake."""
+import asyncio
+import json
+import logging
+import os
+
+import pytest
+
+from helpers.fakekernel import fake_networker
+from lark.daemon import server as server_mod
+from lark.daemon.peercred import Peer, StarterInfo
+from lark.errors import LarkError
+from lark.plan import NetworkPlan
+
+ME = os.getpid()
+
+
+def _daemon(tmp_path, monkeypatch):
+    net, k = fake_networker(str(tmp_path), monkeypatch, ad_source="files", ad_dir=str(tmp_path / "ads"))
+    d = server_mod.Larkd(net.cfg)
+    d.fw, d.net, d.records, d.acct, d.finished = net.fw, net, net.records, net.acct, net.finished
+    starter = StarterInfo(pid=ME, start=1, slot="slot1", exe="/usr/sbin/condor_starter", argv=[])
+    monkeypatch.setattr(server_mod.peercred, "authorize_job", lambda who, paths, inode: (starter, 4242))
+    monkeypatch.setattr(server_mod.peercred, "find_starter", lambda pid, paths: starter if pid == ME else None)
+    monkeypatch.setattr(d, "plan_for", lambda st, key: NetworkPlan(job_id="3.0", slot=st.slot, key=key))
+    return d, k
+
+
+def _run(d, coro_fn):
+    async def main():
+        d.loop = asyncio.get_running_loop()
+        return await coro_fn()
+    return asyncio.run(main())
+
+
+def _answer(raw: bytes) -> dict:
+    return json.loads(raw)
+
+
+def test_setup_then_release_through_dispatch(tmp_path, monkeypatch):
+    d, k = _daemon(tmp_path, monkeypatch)
+    job = Peer(pid=ME, uid=1000, gid=1000)
+
+    async def flow():
+        a = _answer(await d.dispatch({"op": "setup"}, job))
+        again = _answer(await d.dispatch({"op": "setup"}, job))
+        for fd in d.watches.values():  # the fake starter is this test process: do not wait for it to exit
+            d.loop.remove_reader(fd)
+            os.close(fd)
+        d.watches.clear()
+        r = _answer(await d.dispatch({"op": "release"}, job))
+        return a, again, r
+
+    a, again, r = _run(d, flow)
+    assert a["ok"] and a["plan"]["ipv4"] == "10.77.0.2" and a["env"]["LARK_IPV4_ADDRESS"] == "10.77.0.2"
+    assert again["reused"] is True and again["plan"] == a["plan"]
+    assert r["ok"] and r["summary"]["job_id"] == "3.0" and r["summary"]["reason"] == "released on request"
+    assert k.objects == set() and d.active == set()
+
+
+def test_root_only_operations_are_refused_to_jobs(tmp_path, monkeypatch):
+    d, _ = _daemon(tmp_path, monkeypatch)
+    stranger = Peer(pid=1, uid=1000, gid=1000)
+    with pytest.raises(LarkError, match="operation status is for root only"):
+        _run(d, lambda: d.dispatch({"op": "status"}, Peer(pid=ME, uid=1000, gid=1000)))
+    with pytest.raises(LarkError, match="only processes of a job"):
+        _run(d, lambda: d.dispatch({"op": "release"}, stranger))
+
+
+def test_failed_setup_leaves_the_slot_inactive(tmp_path, monkeypatch):
+    d, k = _daemon(tmp_path, monkeypatch)
+    k.fail.add("links.create_veth")
+    with pytest.raises(LarkError, match="injected failure of links.create_veth"):
+        _run(d, lambda: d.dispatch({"op": "setup"}, Peer(pid=ME, uid=1000, gid=1000)))
+    assert d.active == set() and k.objects == set() and d.records.keys() == []
+
+
+def test_a_failing_background_release_is_kept_referenced_and_logged(tmp_path, monkeypatch, caplog):
+    d, k = _daemon(tmp_path, monkeypatch)
+
+    async def flow():
+        await d.dispatch({"op": "setup"}, Peer(pid=ME, uid=1000, gid=1000))
+        k.fail.add("nftables.remove_job")
+        fd = d.watches["slot1"]
+        d._starter_exited("slot1", fd)  # what the pidfd reader calls when the starter exits
+        assert len(d.tasks) == 1  # referenced while it runs (the loop keeps only weak references)
+        await asyncio.gather(*d.tasks, return_exceptions=True)
+        await asyncio.sleep(0)
+        return set(d.tasks)
+
+    with caplog.at_level(logging.ERROR, logger="larkd"):
+        left = _run(d, flow)
+    assert left == set() and d.active == set() and d.watches == {}
+    assert any("release of slot1 failed" in r.getMessage() and "could not remove the nftables rules" in r.getMessage()
+               for r in caplog.records)
+    assert k.of_key("slot1") == {("fw:nftables", "slot1")}  # everything but the failing firewall is gone
