@@ -36,5 +36,5 @@ def ok(**fields) -> bytes:
     return encode({"lark": PROTOCOL_VERSION, "ok": True, **fields})
 
 
-def error(message: str) -> bytes:
-    return encode({"lark": PROTOCOL_VERSION, "ok": False, "error": message})
+def error(message: str, **fields) -> bytes:
+    return encode({"lark": PROTOCOL_VERSION, "ok": False, "error": message, **fields})

@@ -23,6 +23,7 @@ from ..kernel.attach.base import AttachMode
 from ..kernel.ipam import port_pool
 from ..names import JobNames
 from ..plan import NetworkPlan
+from .pins import merge_usage
 from .records import FinishedStore, JobRecord, RecordStore
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ class JobNetworker:
             log.error("setup of job %s on %s failed, undoing: %s", plan.job_id, plan.slot, e)
             rec.error = str(e)
             try:
-                self.teardown(plan.key, "setup failed")
+                # Not the job's end: its starter still runs, and larkd carries these figures (pins.py).
+                self.teardown(plan.key, "setup failed", final=False)
             except Exception:
                 log.exception("undoing the failed setup of %s also failed; `lark gc` will retry", plan.key)
             if isinstance(e, LarkError):
@@ -85,6 +87,11 @@ class JobNetworker:
     def _build(self, plan: NetworkPlan, rec: JobRecord, n: JobNames) -> None:
         path = self.netns_path(plan.key)
         netns.attach(rec.job_pid, path)
+        if os.stat(path).st_ino != rec.netns_inode:
+            # The job process exited after its request was checked and its pid now names another process:
+            # never network a namespace other than the one that was authorised.
+            raise LarkError("the job's network namespace changed after its request was checked", job=plan.job_id,
+                            obj=f"pid {rec.job_pid}", fix="the job's wrapper must wait for larkd's answer")
         self.records.step(rec, "netns")
         ns_fd = os.open(path, os.O_RDONLY)
         try:
@@ -226,8 +233,11 @@ class JobNetworker:
             ipr = self._local.ipr = IPRoute()
         return ipr
 
-    def teardown(self, key: str, reason: str) -> dict | None:
-        """Remove everything a job key can own; safe to repeat and on partial state."""
+    def teardown(self, key: str, reason: str, carried: dict | None = None, final: bool = True) -> dict | None:
+        """Remove everything a job key can own; safe to repeat and on partial state.
+
+        `carried`: what the job moved on networks it had before this one (added to the summary); `final`:
+        the job has ended, so its summary goes to the finished records (else the caller carries it)."""
         n = self.names(key)
         rec = self.records.load(key)
         if rec:
@@ -254,7 +264,8 @@ class JobNetworker:
         netns.detach(self.netns_path(key))
         for pool in self.pools:
             pool.release(key)
-        if rec and summary is not None:
+        summary = merge_usage(carried, summary)
+        if rec and summary is not None and final:
             plan = rec.plan
             summary.update({"job_id": rec.job_id, "slot": rec.slot, "key": key, "ended": time.time(),
                             "started": rec.created, "network_type": plan.get("network_type"),

@@ -1,0 +1,160 @@
+"""Issue 14, daemon side, pure logic and error paths with fakes: pins, carried counters, pid reuse, release."""
+import asyncio
+import os
+
+import pytest
+
+from lark.daemon import peercred
+from lark.daemon.pins import Pin, PinStore, merge_usage
+from lark.daemon.server import Larkd
+from lark.errors import LarkError
+
+
+def test_merge_usage_adds_counts_and_time_keeps_peaks():
+    before = {"bytes_in": 1000, "bytes_out": 10, "packets_in": 3, "packets_out": 1, "seconds": 2.0,
+              "peak_in_bps": 900.0, "peak_out_bps": 5.0, "started": 50.0}
+    now = {"bytes_in": 3000, "bytes_out": 30, "packets_in": 6, "packets_out": 2, "seconds": 6.0,
+           "peak_in_bps": 400.0, "peak_out_bps": 80.0, "polled_at": 99.0}
+    m = merge_usage(before, now)
+    assert (m["bytes_in"], m["bytes_out"], m["packets_in"], m["packets_out"]) == (4000, 40, 9, 3)
+    assert m["seconds"] == 8.0 and m["avg_in_bps"] == pytest.approx(4000 * 8 / 8.0)
+    assert (m["peak_in_bps"], m["peak_out_bps"]) == (900.0, 80.0)
+    assert m["started"] == 50.0 and m["polled_at"] == 99.0
+    assert merge_usage(None, now) is now and merge_usage(before, None) == before
+
+
+def test_pin_store_roundtrip_and_unreadable_pin_is_an_error(tmp_path):
+    store = PinStore(str(tmp_path / "pins"))
+    store.save(Pin("slot1", 10, 20, 30, carried={"bytes_in": 5}))
+    assert store.load("slot1").carried == {"bytes_in": 5}
+    assert [p.key for p in store.all()] == ["slot1"]
+    (tmp_path / "pins" / "slot2.json").write_text("{not json")
+    with pytest.raises(LarkError, match="unreadable"):
+        store.load("slot2")  # never "no pin": that would let the job choose a new namespace
+    store.drop("slot1")
+    store.drop("slot1")
+    assert store.load("slot1") is None
+
+
+class FakeLoop:
+    def __init__(self):
+        self.soon, self.removed = [], []
+
+    def call_soon(self, fn, *args):
+        self.soon.append((fn, args))
+
+    def remove_reader(self, fd):
+        self.removed.append(fd)
+
+    def add_reader(self, fd, *args):
+        raise AssertionError("a reused pid must not be watched")
+
+
+def bare_daemon(tmp_path) -> Larkd:
+    d = object.__new__(Larkd)
+    d.pins = PinStore(str(tmp_path / "pins"))
+    d.watches = {}
+    d.loop = FakeLoop()
+    return d
+
+
+def starter(pid=100, start=7, slot="slot1"):
+    return peercred.StarterInfo(pid, start, slot, "/x/condor_starter", [])
+
+
+def test_pin_refuses_another_namespace_for_the_same_starter_even_without_a_record(tmp_path):
+    d = bare_daemon(tmp_path)
+    d.pin(starter(), "slot1", 1111)
+    assert d.pin(starter(), "slot1", 1111).netns_inode == 1111   # the same namespace again: fine
+    with pytest.raises(LarkError, match="another network namespace"):
+        d.pin(starter(), "slot1", 2222)                           # e.g. after a release, from unshare -n
+    # The pin survives a daemon restart (it is on disk) ...
+    with pytest.raises(LarkError, match="another network namespace"):
+        bare_daemon(tmp_path).pin(starter(), "slot1", 2222)
+    # ... and ends with its starter: the slot's next job (another starter) gets its own.
+    assert d.pin(starter(pid=101), "slot1", 2222).starter_pid == 101
+
+
+def test_release_is_refused_to_a_job(tmp_path):
+    d = bare_daemon(tmp_path)
+    job = peercred.Peer(pid=os.getpid(), uid=65534, gid=65534)
+    with pytest.raises(LarkError, match="root only"):
+        asyncio.run(d.dispatch({"op": "release", "slot": "slot1"}, job))
+
+
+def test_pidfd_of_an_exited_process_is_not_alive_whoever_reuses_its_pid():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    fd = os.pidfd_open(pid)
+    try:
+        os.waitpid(pid, 0)
+        assert not peercred.pidfd_alive(fd)
+        peer = peercred.Peer(pid, 0, 0, fd)
+        with pytest.raises(LarkError, match="exited while its request was checked"):
+            peercred.still_same_process(peer)
+    finally:
+        os.close(fd)
+    me = peercred.Peer(os.getpid(), 0, 0, os.pidfd_open(os.getpid()))
+    peercred.still_same_process(me)
+    me.close()
+    assert me.pidfd is None
+
+
+def test_watch_does_not_follow_a_reused_pid(tmp_path):
+    d = bare_daemon(tmp_path)
+    # Our own pid with a start time that is not ours: the starter it names has gone and the pid was reused.
+    d.watch("slot1", os.getpid(), peercred.start_time(os.getpid()) + 1)
+    assert d.watches == {}
+    (fn, args), = d.loop.soon
+    assert fn == d._starter_exited and args[0] == "slot1"
+
+
+def test_namespace_owned_by_another_user_namespace_is_refused(monkeypatch):
+    ns, owner = peercred.netns_identity(os.getpid())
+    assert owner == peercred.own_userns_inode()   # this test runs in the initial user namespace's netns
+    monkeypatch.setattr(peercred, "netns_identity", lambda pid: (ns, owner + 1))
+    with pytest.raises(LarkError, match="user namespace the job made"):
+        peercred.authorize_job(peercred.Peer(os.getpid(), 65534, 65534), ["/x"], daemon_netns=ns + 1)
+
+
+def test_admission_per_uid_shared_and_starter_buckets():
+    from lark.daemon.admission import Admission
+    a = Admission(per_uid=2, per_starter=3, shared=3)
+    flood = a.bucket(1000, None)
+    assert [a.admit(flood) for _ in range(3)] == [True, True, False]        # per uid
+    other = a.bucket(1001, None)
+    assert [a.admit(other) for _ in range(2)] == [True, False]              # all non-job uids share 3
+    job = a.bucket(1000, 4242)                                             # same uid, but a job's process
+    assert job != flood and [a.admit(job) for _ in range(4)] == [True, True, True, False]
+    assert all(a.admit("root") for _ in range(50))                          # headroom for root
+    a.release(flood)
+    assert a.admit(other)                                                   # a freed place is reusable
+    for _ in range(10):
+        a.release("gone")                                                   # never negative
+    assert a.total >= 0
+
+
+def test_check_rate_limit_reuses_the_answer_within_the_interval():
+    from lark.daemon.admission import RateLimit
+    r = RateLimit(5.0)
+    assert r.recent("s", now=100.0) is None
+    r.remember("s", {"plan": 1}, now=100.0)
+    assert r.recent("s", now=104.0) == {"plan": 1}
+    assert r.recent("s", now=105.5) is None
+
+
+def test_busy_answer_is_retried_by_the_wrapper(monkeypatch):
+    from lark.errors import DaemonBusy
+    from lark.job import client
+    answers = [DaemonBusy("busy"), DaemonBusy("busy"), {"ok": True, "env": {}}]
+
+    def fake_call(op, **kw):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+    monkeypatch.setattr(client, "call", fake_call)
+    monkeypatch.setattr(client.time, "sleep", lambda s: None)
+    assert client.call_patiently("setup", wait=20)["ok"] is True
+    assert answers == []
