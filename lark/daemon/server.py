@@ -23,6 +23,7 @@ from .jobnet import JobNetworker
 from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.engine import decide
+from .adpush import AdPusher
 from .admission import Admission, RateLimit
 from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, RecordStore
@@ -54,6 +55,10 @@ class Larkd:
         self.admission = Admission(cfg.max_connections_per_uid, cfg.max_connections_per_starter,
                                    cfg.max_connections_shared)
         self.check_limit = RateLimit(cfg.check_min_interval)  # each check queries the startd and the schedd
+        self.pusher = (AdPusher(cfg.schedd_push_retry)
+                       if cfg.ad_source == "startd" and cfg.schedd_push_interval > 0 else None)
+        self.last_push = 0.0
+        self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -94,7 +99,8 @@ class Larkd:
                 adopted.append((pin.key, pin.starter_pid, pin.starter_start))
             else:
                 # Its job ended while larkd was down: the final figures include what it moved before.
-                self.net.teardown(pin.key, "orphaned", carried=pin.carried)
+                summary = self.net.teardown(pin.key, "orphaned", carried=pin.carried)
+                self._push_final(pin, summary)
                 self.pins.drop(pin.key)
         actions = sweep(self.net, set(self.active))
         for a in actions:
@@ -146,11 +152,24 @@ class Larkd:
                 self.active.discard(key)
             if pin is not None:
                 if final:
+                    await self.loop.run_in_executor(self.pool, self._push_final, pin, summary)
                     self.pins.drop(key)
                 elif summary is not None:
                     pin.carried = summary
                     self.pins.save(pin)
             return summary
+
+    def _push_final(self, pin: Pin, summary: dict | None) -> None:
+        if self.pusher is not None and summary is not None and pin.global_job_id:
+            self.pusher.push_final(pin.key, pin.global_job_id, pin.job_id, summary)
+
+    def push_running(self) -> None:
+        """Every running job's figures into its ad at its schedd (worker thread), and due final retries."""
+        for key in sorted(self.active):
+            pin = self._pin(key)
+            if pin is not None and pin.global_job_id:
+                self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key))
+        self.pusher.retry_pending()
 
     def _pin(self, key: str) -> Pin | None:
         try:
@@ -173,6 +192,12 @@ class Larkd:
                 await self.loop.run_in_executor(self.pool, self.net.renew_leases, set(self.active))
             except Exception as e:
                 log.error("DHCP renewal pass failed: %s", e)
+            if self.pusher is not None and time.monotonic() - self.last_push >= self.cfg.schedd_push_interval:
+                self.last_push = time.monotonic()
+                try:
+                    await self.loop.run_in_executor(self.pool, self.push_running)
+                except Exception as e:
+                    log.error("pushing figures to the schedd failed: %s", e)
 
     # -- requests -------------------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -309,6 +334,10 @@ class Larkd:
             plan = self.checked_plan(starter, key)
             if plan is None:
                 plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+            pin = self.pin(starter, key, job_ns)
+            pin.job_id = plan.job_id
+            pin.global_job_id = self.global_ids.pop((starter.pid, starter.start), pin.global_job_id)
+            self.pins.save(pin)
             self.active.add(key)
             try:
                 t0 = time.perf_counter()
@@ -380,6 +409,11 @@ class Larkd:
 
     def plan_for(self, starter: peercred.StarterInfo, key: str):
         job_ad, machine_ad = self.ads.ads(starter)
+        gid = job_ad.get("GlobalJobId")
+        if isinstance(gid, str):
+            if len(self.global_ids) > 4096:  # checks whose setup never came; starters are few at a time
+                self.global_ids.clear()
+            self.global_ids[(starter.pid, starter.start)] = gid
         return decide(job_ad, machine_ad, self.cfg, starter.slot, key)
 
     # -- main -----------------------------------------------------------------------------------------

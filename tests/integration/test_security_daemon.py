@@ -2,6 +2,7 @@
 that the job's limits, filter and accounting hold."""
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -140,3 +141,33 @@ def test_socket_flood_from_a_local_user_does_not_stop_jobs(host):
     assert not failed, failed
     out, _ = flood.communicate(timeout=60)
     assert json.loads(out.splitlines()[-1])["opened"] > 400, out
+
+
+def test_restarted_larkd_takes_over_a_running_job_and_its_accounting(host):
+    """Issue 14 item 2a: larkd killed -9 while a job downloads, back while the job still runs: the job keeps its
+    network and limit, larkd serves its figures, tears it down when it ends, and the final record holds every
+    byte the job moved, before and after the restart."""
+    size = 4 * MB
+    (host.www / "4M.bin").write_bytes(b"\0" * size)
+    url = f"http://{WORLD_IP}:8000/4M.bin"
+    here, go = signal_dir(host) / "first-half", signal_dir(host) / "larkd-back"
+    p = spawn_hostile(host, "slot3", ["download", url, "touch", str(here), "wait-file", str(go), "download", url,
+                                      "qdisc"], "ClusterId = 43\nProcId = 0", "Bandwidth = 200")
+    rec = wait_ready(host, "slot3")
+    wait_file(here, p)
+    host.stop_larkd(signal.SIGKILL)
+    # While larkd is down the job's network, limit and counters stay in the kernel.
+    assert "htb" in htb_in_job_netns(rec["netns"])
+    host.start_larkd()
+    adopted = [j for j in host.status() if j.get("slot") == "slot3"]
+    assert adopted and adopted[0]["phase"] == "ready", host.larkd_log()
+    go.touch()
+    out, err = p.communicate(timeout=90)
+    assert p.returncode == 0, err + host.larkd_log()
+    r = results(out)
+    assert [x["downloaded"] for x in r["download"]] == [size, size], r
+    assert "htb" in r["qdisc"][0]["out"], r
+    fin = finished(host, "43.0", timeout=15)
+    assert fin["reason"] == "starter exited", fin
+    assert fin["bytes_in"] >= 2 * size, fin
+    assert host.wait_clean() == {"netns": [], "links": [], "fw": [], "elements": [], "locks": [], "records": []}

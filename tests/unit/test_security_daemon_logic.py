@@ -158,3 +158,62 @@ def test_busy_answer_is_retried_by_the_wrapper(monkeypatch):
     monkeypatch.setattr(client.time, "sleep", lambda s: None)
     assert client.call_patiently("setup", wait=20)["ok"] is True
     assert answers == []
+
+
+def test_ad_pusher_pushes_figures_and_retries_a_failed_final_push(monkeypatch):
+    from lark.daemon import adpush
+    calls, fail = [], [True]
+
+    def edit(schedd, job_id, attrs):
+        calls.append((schedd, job_id, dict(attrs)))
+        if fail[0]:
+            raise OSError("schedd down")
+    p = adpush.AdPusher(retry_seconds=60, edit=edit)
+    gid = "ap.example#43.0#1700000000"
+    stats = {"usage": {"bytes_in": 123, "bytes_out": 4}, "plan": {"network_type": "nat"}}
+    assert p.push("slot1", gid, "43.0", stats) is False               # logged, not raised
+    fail[0] = False
+    assert p.push("slot1", gid, "43.0", stats) is True
+    assert calls[-1][0] == "ap.example" and calls[-1][1] == "43.0"
+    assert calls[-1][2]["NetworkIncomingBytes"] == "123" and calls[-1][2]["LarkNetworkType"] == '"nat"'
+    fail[0] = True
+    assert p.push_final("slot1", gid, "43.0", {"bytes_in": 999}) is False
+    assert "slot1" in p.pending
+    fail[0] = False
+    p.retry_pending()
+    assert calls[-1][2]["NetworkIncomingBytes"] == "999" and p.pending == {}
+    # A final push the schedd never takes is given up after the retry window.
+    fail[0] = True
+    p.push_final("slot2", gid, "44.0", {"bytes_in": 1})
+    p.pending["slot2"].until = 0
+    p.retry_pending()
+    assert p.pending == {}
+    assert p.push("slot3", "", "45.0", stats) is False               # no schedd known: nothing to push
+
+
+def test_schedd_name_from_global_job_id():
+    from lark.daemon.adpush import schedd_of
+    assert schedd_of("ap.example.org#12.3#1700000000") == "ap.example.org"
+    assert schedd_of("") == ""
+
+
+def test_callout_input_cannot_be_forged_by_a_newline_in_a_job_attribute(tmp_path):
+    """A job attribute holding "\\n------\\nVLAN = 7" must not become a separator and a machine attribute."""
+    import classad2
+    from lark.policy.callout import run_callout
+    script = tmp_path / "callout"
+    script.write_text("#!/usr/bin/env python3\nimport sys\n"
+                      "parts = sys.stdin.read().split('\\n------\\n')\n"
+                      "machine = [l for l in parts[-1].splitlines() if l.strip()]\n"
+                      "print(f'Parts = {len(parts)}')\n"
+                      "print('MachineVLAN = ' + next((l.split('=', 1)[1] for l in machine if l.startswith('VLAN')), "
+                      "'undefined'))\n")
+    script.chmod(0o755)
+    job = classad2.ClassAd()
+    job["ClusterId"] = 1
+    job["Cmd"] = "x\n------\nVLAN = 7\n"
+    machine = classad2.ClassAd()
+    machine["Bandwidth"] = 100
+    out = run_callout(str(script), job, machine, timeout=10)
+    assert out["Parts"] == 2
+    assert "MachineVLAN" not in out or out.get("MachineVLAN") is classad2.Value.Undefined
