@@ -79,3 +79,26 @@ class RateLimit:
             if len(self.last) > 4096:  # keys are starters; drop the oldest half rather than grow without bound
                 for k, _ in sorted(self.last.items(), key=lambda kv: kv[1][0])[:2048]:
                     self.last.pop(k, None)
+
+
+class LogLimit:
+    """At most `per_minute` log lines per party (uid) a minute; the rest are counted and summed up in the next
+    line that is let through, so a client sending garbage in a loop cannot fill the disk with larkd's log."""
+
+    def __init__(self, per_minute: int = 20):
+        self.per_minute = per_minute
+        self.window: dict[object, tuple[float, int, int]] = {}   # party -> (window start, logged, suppressed)
+
+    def allow(self, party: object, now: float | None = None) -> tuple[bool, int]:
+        """(whether to log this one, how many were suppressed before it)."""
+        now = time.monotonic() if now is None else now
+        start, logged, suppressed = self.window.get(party, (now, 0, 0))
+        if now - start >= 60:
+            start, logged = now, 0
+        if logged >= self.per_minute:
+            self.window[party] = (start, logged, suppressed + 1)
+            return False, 0
+        self.window[party] = (start, logged + 1, 0)
+        if len(self.window) > 4096:
+            self.window.clear()
+        return True, suppressed

@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import LarkError
-from .records import _atomic_write
+from .records import _atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
 
@@ -64,19 +64,17 @@ def merge_usage(before: dict | None, now: dict | None) -> dict | None:
 
 class PinStore:
     def __init__(self, directory: str):
-        self.dir = directory
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.dir = private_dir(directory)
 
     def path(self, key: str) -> str:
         return os.path.join(self.dir, f"{key}.json")
 
     def load(self, key: str) -> Pin | None:
         try:
-            with open(self.path(key)) as f:
-                return Pin(**json.load(f))
+            return Pin(**json.loads(read_own(self.path(key))))
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError) as e:
+        except (ValueError, TypeError, OSError) as e:
             # An unreadable pin must not become "no pin": that would let the job choose a new namespace.
             raise LarkError(f"pin is unreadable ({e})", obj=self.path(key),
                             fix="the slot is refused until its starter ends; then remove the file") from None

@@ -24,7 +24,7 @@ from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.engine import decide
 from .adpush import AdPusher
-from .admission import Admission, RateLimit
+from .admission import Admission, LogLimit, RateLimit
 from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, RecordStore
 from .sweep import sweep
@@ -57,7 +57,8 @@ class Larkd:
         self.check_limit = RateLimit(cfg.check_min_interval)  # each check queries the startd and the schedd
         self.pusher = (AdPusher(cfg.schedd_push_retry)
                        if cfg.ad_source == "startd" and cfg.schedd_push_interval > 0 else None)
-        self.last_push = 0.0
+        self.pushed_at: dict[str, float] = {}   # key -> monotonic time of its last push (none yet: due now)
+        self.log_limit = LogLimit()
         self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -164,11 +165,19 @@ class Larkd:
             self.pusher.push_final(pin.key, pin.global_job_id, pin.job_id, summary)
 
     def push_running(self) -> None:
-        """Every running job's figures into its ad at its schedd (worker thread), and due final retries."""
+        """Running jobs' figures into their ads at their schedds (worker thread): a job's first push comes with
+        the first poll after its setup (so even a short job whose end larkd misses has figures in its history),
+        then one every schedd_push_interval. Then the due retries of final pushes."""
+        now = time.monotonic()
         for key in sorted(self.active):
+            if now - self.pushed_at.get(key, -1e18) < self.cfg.schedd_push_interval:
+                continue
             pin = self._pin(key)
             if pin is not None and pin.global_job_id:
+                self.pushed_at[key] = now
                 self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key))
+        for key in set(self.pushed_at) - self.active:
+            self.pushed_at.pop(key, None)
         self.pusher.retry_pending()
 
     def _pin(self, key: str) -> Pin | None:
@@ -192,8 +201,7 @@ class Larkd:
                 await self.loop.run_in_executor(self.pool, self.net.renew_leases, set(self.active))
             except Exception as e:
                 log.error("DHCP renewal pass failed: %s", e)
-            if self.pusher is not None and time.monotonic() - self.last_push >= self.cfg.schedd_push_interval:
-                self.last_push = time.monotonic()
+            if self.pusher is not None:
                 try:
                     await self.loop.run_in_executor(self.pool, self.push_running)
                 except Exception as e:
@@ -229,10 +237,11 @@ class Larkd:
                 msg = protocol.parse_request(line)
                 answer = await self.dispatch(msg, who)
             except LarkError as e:
-                log.warning("refused %s from pid %d uid %d: %s", line[:40], who.pid, who.uid, e)
+                self._log_refusal(who, "refused %s from pid %d uid %d: %s", line[:40], who.pid, who.uid, e)
                 answer = protocol.error(str(e))
             except Exception as e:
-                log.exception("request from pid %d failed", who.pid)
+                if self.log_limit.allow(who.uid)[0]:  # a bug's traceback, but not one per request of a loop
+                    log.exception("request from pid %d uid %d failed", who.pid, who.uid)
                 answer = protocol.error(f"internal error in larkd: {e}")
             writer.write(answer)
         except (ConnectionError, OSError):
@@ -248,6 +257,15 @@ class Larkd:
                 writer.close()
             except (ConnectionError, OSError, asyncio.TimeoutError):
                 writer.transport.abort()
+
+    def _log_refusal(self, who: peercred.Peer, fmt: str, *args) -> bool:
+        """A warning about a request, unless this uid already had its share of the log this minute."""
+        ok, suppressed = self.log_limit.allow(who.uid)
+        if ok:
+            if suppressed:
+                fmt += f" ({suppressed} more from uid {who.uid} not logged)"
+            log.warning(fmt, *args)
+        return ok
 
     def _starter_pid(self, who: peercred.Peer) -> int | None:
         """The starter a connecting process descends from (its connection bucket), if any."""

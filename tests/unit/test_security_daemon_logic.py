@@ -217,3 +217,71 @@ def test_callout_input_cannot_be_forged_by_a_newline_in_a_job_attribute(tmp_path
     out = run_callout(str(script), job, machine, timeout=10)
     assert out["Parts"] == 2
     assert "MachineVLAN" not in out or out.get("MachineVLAN") is classad2.Value.Undefined
+
+
+def test_deep_json_is_a_clear_error_not_a_recursion_traceback():
+    from lark import protocol
+    with pytest.raises(LarkError, match="nests too deeply"):
+        protocol.parse_request(b"[" * 200_000 + b"]" * 200_000 + b"\n")
+
+
+def test_log_limit_per_party_with_a_count_of_what_was_dropped():
+    from lark.daemon.admission import LogLimit
+    lim = LogLimit(per_minute=3)
+    got = [lim.allow(65534, now=10.0 + i * 0.01) for i in range(10)]
+    assert [ok for ok, _ in got] == [True] * 3 + [False] * 7
+    assert lim.allow(0, now=11.0) == (True, 0)            # another party is not affected
+    assert lim.allow(65534, now=71.0) == (True, 7)        # next minute: the drop count is reported once
+
+
+def test_state_files_refuse_links_and_foreign_owners(tmp_path):
+    from lark.daemon.records import FinishedStore, RecordStore, read_own
+    store = RecordStore(str(tmp_path / "jobs"))
+    assert oct(os.stat(store.dir).st_mode & 0o777) == "0o700"
+    secret = tmp_path / "secret"
+    secret.write_text('{"key": "x"}')
+    os.symlink(secret, store.path("slot1"))
+    assert store.load("slot1") is None                  # a planted link is not followed
+    with pytest.raises(OSError):
+        read_own(store.path("slot1"))
+    # A link planted at the temp name is not written through either.
+    import threading
+    target = tmp_path / "target"
+    target.write_text("untouched")
+    os.symlink(target, f"{store.path('slot2')}.tmp.{os.getpid()}.{threading.get_ident()}")
+    from lark.daemon.records import JobRecord
+    store.save(JobRecord("slot2", "slot2", "1.0", 1, 2, 3, 4, "ns", "if", {}))
+    assert target.read_text() == "untouched" and store.load("slot2").job_id == "1.0"
+    fin = FinishedStore(str(tmp_path / "finished"))
+    assert oct(os.stat(fin.dir).st_mode & 0o777) == "0o700"   # who moved what is for root only
+    name = fin.save("slot1", {"ended": 1.0, "bytes_in": 5})
+    assert oct(os.stat(os.path.join(fin.dir, name)).st_mode & 0o777) == "0o600"
+    if os.geteuid() == 0:
+        os.chown(os.path.join(fin.dir, name), 65534, 65534)
+        assert fin.latest_for_key("slot1") is None          # a file someone else owns is not trusted
+    os.chmod(tmp_path / "finished", 0o777)
+    FinishedStore(str(tmp_path / "finished"))
+    assert oct(os.stat(tmp_path / "finished").st_mode & 0o777) == "0o700"   # a loosened mode is put back
+
+
+def test_doctor_does_not_import_lark_from_the_current_directory(tmp_path, monkeypatch):
+    import subprocess as sp
+    from lark import doctor
+    planted = tmp_path / "lark"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (planted / "doctor.py").write_text("print('{}')\n")
+    seen, real_run = {}, sp.run
+
+    def fake_run(argv, **kw):
+        seen["argv"], seen["cwd"] = argv, kw.get("cwd")
+        # Run the probe's interpreter the same way, minus `unshare` (needs root) and the probe itself.
+        probe = [a for a in argv if a != "unshare" and a != "--net"]
+        probe = probe[:probe.index("-m")] + ["-c", "import lark; print('{}')"]
+        return real_run(probe, cwd=kw.get("cwd"), capture_output=True, text=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(doctor.subprocess, "run", fake_run)
+    doctor.run()
+    assert not marker.exists(), seen
+    assert "-P" in seen["argv"] and seen["cwd"] == "/"
