@@ -146,6 +146,7 @@ class Larkd:
                 if fd is not None:
                     self.loop.remove_reader(fd)
                     os.close(fd)
+            had_network = self.records.load(key) is not None
             try:
                 summary = await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason,
                                                           pin.carried if pin else None, final)
@@ -153,6 +154,12 @@ class Larkd:
                 self.active.discard(key)
             if pin is not None:
                 if final:
+                    if not had_network and pin.carried and pin.job_id:
+                        # Its network was released earlier and not set up again: the carried figures are
+                        # all it moved, and still its one finished record.
+                        summary = dict(pin.carried, job_id=pin.job_id, key=key, ended=time.time(),
+                                       started=pin.first_setup, reason=reason)
+                        self.finished.save(key, summary)
                     await self.loop.run_in_executor(self.pool, self._push_final, pin, summary)
                     self.pins.drop(key)
                 elif summary is not None:

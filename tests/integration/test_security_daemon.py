@@ -171,3 +171,27 @@ def test_restarted_larkd_takes_over_a_running_job_and_its_accounting(host):
     assert fin["reason"] == "starter exited", fin
     assert fin["bytes_in"] >= 2 * size, fin
     assert host.wait_clean() == {"netns": [], "links": [], "fw": [], "elements": [], "locks": [], "records": []}
+
+
+def test_figures_of_a_network_released_by_root_reach_the_jobs_one_final_record(host):
+    """Root releases a running job's network and the job never asks again: its final record (written when the
+    starter exits, not at the release) still holds what it moved."""
+    size = 2 * MB
+    (host.www / "2M.bin").write_bytes(b"\0" * size)
+    here, go = signal_dir(host) / "moved", signal_dir(host) / "released"
+    p = spawn_hostile(host, "slot4", ["download", f"http://{WORLD_IP}:8000/2M.bin", "touch", str(here),
+                                      "wait-file", str(go)], "ClusterId = 44\nProcId = 0")
+    wait_ready(host, "slot4")
+    wait_file(here, p)
+    time.sleep(host.cfg.poll_interval * 2)
+    assert root_request(host, "release", slot="slot4")["ok"]
+    time.sleep(0.5)
+    fin_dir = os.path.join(host.cfg.state_dir, "finished")
+    assert not [n for n in os.listdir(fin_dir) if n.endswith("-slot4.json")], "a record before the job ended"
+    go.touch()
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err + host.larkd_log()
+    fin = finished(host, "44.0")
+    assert fin["reason"] == "starter exited" and fin["bytes_in"] >= size, fin
+    assert host.wait_clean()["records"] == []
+    assert os.listdir(os.path.join(host.cfg.run_dir, "pins")) == []   # the pin ends with its starter
