@@ -34,6 +34,16 @@ class Config:
     finished_keep: int = 10000
     callout: str = ""
     callout_timeout: float = 5.0
+    # Connections one party may hold open at once (issue 14 item 4): a non-root process outside any job, per
+    # uid; all such uids together; the processes of one job (under one starter). Root has its own headroom.
+    max_connections_per_uid: int = 8
+    max_connections_shared: int = 64
+    max_connections_per_starter: int = 8
+    check_min_interval: float = 5.0     # a starter's `check` queries the startd/schedd at most this often (s)
+    # larkd pushes each job's figures into its ad at its schedd (htcondor2, as root) this often while it runs,
+    # and at its end; 0 = off. Only with ad_source = "startd" (the other source knows no schedd).
+    schedd_push_interval: float = 60.0
+    schedd_push_retry: float = 600.0    # keep retrying a job's final push this long (s)
     # [network]
     uplink: str = "eth0"
     subnet: str = "10.213.0.0/16"
@@ -118,6 +128,13 @@ class Config:
             raise bad("inbound_ports", f"{self.inbound_ports!r} is not a range", "write it as 20000-20999") from None
         if not (1 <= lo <= hi <= 65535):
             raise bad("inbound_ports", f"{self.inbound_ports!r} is out of 1-65535", "write it as 20000-20999")
+        for key in ("max_connections_per_uid", "max_connections_shared", "max_connections_per_starter"):
+            if not 1 <= int(getattr(self, key)) <= 1000:
+                raise bad(key, f"{getattr(self, key)!r} is out of 1-1000", "use a small number such as 8")
+        if self.schedd_push_interval < 0 or self.schedd_push_retry < 0:
+            raise bad("schedd_push_interval", "must not be negative", "use seconds, e.g. 60; 0 turns pushing off")
+        if self.check_min_interval < 0:
+            raise bad("check_min_interval", "must not be negative", "use seconds, e.g. 5")
         if self.poll_interval <= 0 or self.request_timeout <= 0:
             raise bad("poll_interval", "intervals must be positive", "use seconds, e.g. 5")
         if self.default_network_type not in ("nat", "bridge", "ovs_bridge", "none"):

@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
+
+from ..errors import LarkError
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +62,42 @@ def remove_stale_temps(directory: str) -> list[str]:
 
 def _atomic_write(path: str, data: str) -> None:
     tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "w") as f:
+    try:
+        os.unlink(tmp)  # a leftover of a writer that died with this pid and thread id
+    except FileNotFoundError:
+        pass
+    # O_EXCL|O_NOFOLLOW: never write through a link someone planted at the temp name; 0600: records are root's.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
         f.write(data)
     os.replace(tmp, path)
 
 
+def read_own(path: str) -> str:
+    """A state file's text, only if it is a regular file owned by larkd's user (not a link, not planted)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise ValueError(f"not a regular file owned by uid {os.geteuid()}")
+        return f.read()
+
+
+def private_dir(path: str, mode: int = 0o700) -> str:
+    """Make (or check) a state directory: owned by larkd's user, writable by no one else, `mode` enforced."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise LarkError("state directory is not a directory owned by larkd's user", obj=path,
+                        fix=f"remove it (larkd recreates it) or chown it to uid {os.geteuid()}")
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+    return path
+
+
 class RecordStore:
     def __init__(self, directory: str):
-        self.dir = directory
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.dir = private_dir(directory)
 
     def path(self, key: str) -> str:
         return os.path.join(self.dir, f"{key}.json")
@@ -77,14 +107,13 @@ class RecordStore:
 
     def load(self, key: str) -> JobRecord | None:
         try:
-            with open(self.path(key)) as f:
-                data = json.load(f)
+            data = json.loads(read_own(self.path(key)))
             # Fields a former version wrote and this one no longer has (steps, error, counters) are dropped,
             # so an upgrade adopts running jobs instead of treating their records as unreadable.
             return JobRecord(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError, AttributeError) as e:
+        except (ValueError, TypeError, AttributeError, OSError) as e:
             log.error("record %s is unreadable (%s); it will be treated as an orphan", self.path(key), e)
             return None
 
@@ -111,7 +140,8 @@ class FinishedStore:
     def __init__(self, directory: str, keep: int = 10000):
         self.dir = directory
         self.keep = keep
-        os.makedirs(self.dir, mode=0o755, exist_ok=True)
+        # Who moved how much, when, from which address: for root (`lark report`) only.
+        private_dir(self.dir)
 
     def save(self, key: str, summary: dict) -> str:
         name = f"{int(summary.get('ended', time.time()) * 1000)}-{key}.json"
@@ -132,8 +162,7 @@ class FinishedStore:
         for n in sorted(os.listdir(self.dir)):
             if n.endswith(".json"):
                 try:
-                    with open(os.path.join(self.dir, n)) as f:
-                        out.append(json.load(f))
+                    out.append(json.loads(read_own(os.path.join(self.dir, n))))
                 except (OSError, ValueError):
                     continue
         return out
@@ -143,7 +172,6 @@ class FinishedStore:
         if not names:
             return None
         try:
-            with open(os.path.join(self.dir, names[-1])) as f:
-                return json.load(f)
+            return json.loads(read_own(os.path.join(self.dir, names[-1])))
         except (OSError, ValueError):
             return None
