@@ -23,6 +23,7 @@ class NetworkPlan:
     vlan: int | None = None
     owner: str = ""
     accounting_group: str = ""
+    global_job_id: str = ""           # the job's GlobalJobId: `lark report` matches EP records with history by it
     ipv4: str | None = None           # filled by address allocation
     ipv4_prefix: int = 32
     gateway4: str | None = None
