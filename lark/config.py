@@ -33,6 +33,9 @@ class Config:
     finished_keep: int = 10000
     callout: str = ""
     callout_timeout: float = 5.0
+    # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
+    # management address: the figures name slots and running job ids.
+    metrics_address: str = ""
     # [network]
     uplink: str = "eth0"
     subnet: str = "10.213.0.0/16"
@@ -162,6 +165,11 @@ class Config:
                 raise bad("bridge_range6", f"{self.bridge_range6} is empty or larger than 2^20 addresses",
                           "give first-last of at most a million addresses")
         self.default_bandwidth = str(self.default_bandwidth)
+        if self.metrics_address:
+            host, sep, port = self.metrics_address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise bad("metrics_address", f"{self.metrics_address!r} is not host:port",
+                          'use e.g. "127.0.0.1:9813" or "[::1]:9813", or "" to turn metrics off')
         if self.default_bandwidth not in ("unlimited", "share"):
             try:
                 mbit = float(self.default_bandwidth)

@@ -162,6 +162,13 @@ def install() -> None:
         run(["chroot", str(ROOT), "python3", "-m", "venv", "--system-site-packages", "/opt/lark"], env=env)
         run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
              "/opt/lark-wheels", "pyroute2"], env=env)
+    # Pure-Python dependencies added since the venv was made (larkd's metrics, lark report's tables).
+    if run(["chroot", str(ROOT), "/opt/lark/bin/python", "-c", "import prometheus_client, rich"], check=False,
+           env=env).returncode != 0:
+        run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d",
+             str(ROOT / "opt/lark-wheels"), "prometheus-client>=0.17", "rich>=13"])
+        run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
+             "/opt/lark-wheels", "prometheus-client", "rich"], env=env)
     # The wheel is built by the host's pip (setuptools is there); the chroot installs it offline.
     wheels = ROOT / "opt/lark-wheels"
     for old in wheels.glob("lark-*.whl"):

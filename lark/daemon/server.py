@@ -20,6 +20,7 @@ from ..config import Config, load
 from ..errors import LarkError
 from ..kernel.firewall import make_firewall
 from .jobnet import JobNetworker
+from .metrics import Metrics, machine_mbit, node_totals
 from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.engine import decide
@@ -48,6 +49,8 @@ class Larkd:
         self.checked: dict[str, tuple] = {}    # key -> (starter pid, start, when, plan) from PREPARE_JOB's check
         self.connections = 0
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = Metrics(self)
+        self.uplink_mbit: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -64,6 +67,9 @@ class Larkd:
                 with open("/proc/sys/net/ipv6/conf/all/forwarding", "w") as f:
                     f.write("1")
         self.fw.ensure_base()
+        self.uplink_mbit = machine_mbit(cfg)
+        if cfg.metrics_address:
+            self.metrics.serve(cfg.metrics_address)
 
     def reconcile(self) -> list[tuple[str, int]]:
         """Adopt records whose starter still runs; tear down the rest and anything without a record.
@@ -106,8 +112,14 @@ class Larkd:
             if fd is not None:
                 self.loop.remove_reader(fd)
                 os.close(fd)
+            t0 = time.perf_counter()
             try:
-                return await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason)
+                summary = await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason)
+                self.metrics.teardown_seconds.observe(time.perf_counter() - t0)
+                return summary
+            except Exception:
+                self.metrics.failed("teardown")
+                raise
             finally:
                 self.active.discard(key)
 
@@ -151,9 +163,11 @@ class Larkd:
                 answer = await self.dispatch(msg, who)
             except LarkError as e:
                 log.warning("refused %s from pid %d uid %d: %s", line[:40], who.pid, who.uid, e)
+                self.metrics.failed(getattr(e, "metric_reason", "refused"))
                 answer = protocol.error(str(e))
             except Exception as e:
                 log.exception("request from pid %d failed", who.pid)
+                self.metrics.failed(getattr(e, "metric_reason", "internal"))
                 answer = protocol.error(f"internal error in larkd: {e}")
             writer.write(answer)
         except (ConnectionError, OSError):
@@ -189,6 +203,9 @@ class Larkd:
             if msg.get("fresh") and key in self.active:
                 await self.loop.run_in_executor(self.pool, self.acct.poll)
             return protocol.ok(**self.stats(key))
+        if op == "totals":
+            # Anyone may ask (the startd's cron runs as the condor user): node-wide sums only, no job named.
+            return protocol.ok(**node_totals(self, self.uplink_mbit))
         if who.uid != 0:
             raise LarkError(f"operation {op} is for root only", obj=f"pid {who.pid} uid {who.uid}")
         if op == "status":
@@ -224,15 +241,17 @@ class Larkd:
                 await self.loop.run_in_executor(self.pool, self.net.teardown, key, "replaced by a new job")
             plan = self.checked_plan(starter, key)
             if plan is None:
-                plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+                plan = await self.decide_plan(starter, key)
             self.active.add(key)
             try:
                 t0 = time.perf_counter()
                 rec = await self.loop.run_in_executor(self.pool, self.net.setup, plan, starter.pid, starter.start,
                                                       who.pid, job_ns)
-            except Exception:
+            except Exception as e:
                 self.active.discard(key)
+                e.metric_reason = "setup"
                 raise
+            self.metrics.setup_seconds.labels(plan.network_type).observe(time.perf_counter() - t0)
             self.watch(key, starter.pid)
             log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, rec.plan["network_type"],
                      rec.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
@@ -246,7 +265,7 @@ class Larkd:
             raise LarkError("only a job's starter hooks may ask for a pre-flight check",
                             obj=f"pid {who.pid} uid {who.uid}")
         key = job_key(starter.slot)
-        plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+        plan = await self.decide_plan(starter, key)
         # The setup that follows for this same starter reuses the decision instead of asking the startd and
         # the schedd again: those queries are the slowest part of a setup.
         self.checked[key] = (starter.pid, starter.start, time.monotonic(), plan.to_dict())
@@ -261,6 +280,13 @@ class Larkd:
         if (pid, start) != (starter.pid, starter.start) or time.monotonic() - at > CHECK_REUSE_SECONDS:
             return None
         return NetworkPlan.from_dict(plan)
+
+    async def decide_plan(self, starter: peercred.StarterInfo, key: str) -> NetworkPlan:
+        try:
+            return await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+        except LarkError as e:
+            e.metric_reason = "policy"   # counted under lark_failures_total{reason="policy"}
+            raise
 
     def plan_for(self, starter: peercred.StarterInfo, key: str):
         job_ad, machine_ad = self.ads.ads(starter)
@@ -290,6 +316,7 @@ class Larkd:
                  len(self.active))
         poll.cancel()
         server.close()
+        self.metrics.close()
         try:
             os.unlink(path)
         except FileNotFoundError:
