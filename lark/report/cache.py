@@ -41,7 +41,7 @@ class Cache:
                             fix="give --cache a writable path (default ~/.cache/lark/report.sqlite)") from None
         # The cache can be rebuilt from history at any time: trade durability for import speed.
         self.db.execute("PRAGMA journal_mode = WAL")
-        self.db.execute("PRAGMA synchronous = NORMAL")
+        self.db.execute("PRAGMA synchronous = OFF")
 
     def close(self) -> None:
         self.db.close()

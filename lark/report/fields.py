@@ -45,6 +45,16 @@ def _num(v: Any, cast=float) -> Any:
         return None
 
 
+def _int0(v: Any) -> int:
+    """An integer figure, 0 when absent or not a number (the fast path first: importing a million ads
+    calls this ten million times)."""
+    return v if type(v) is int else (_num(v, int) or 0)
+
+
+def _float0(v: Any) -> float:
+    return float(v) if type(v) in (float, int) else (_num(v) or 0.0)
+
+
 def ep_of(remote_host: str) -> str:
     """`slot1_2@ep01.example.org` -> `ep01.example.org` (the EP, not the slot: bounded, and what admins mean)."""
     return remote_host.rpartition("@")[2] if remote_host else ""
@@ -53,21 +63,21 @@ def ep_of(remote_host: str) -> str:
 def row_from_ad(ad: Mapping[str, Any], source: str, extra_attrs: list[str]) -> Row | None:
     """One cache row from a history ad (any mapping: a classad2.ClassAd's evaluated values, or a parsed
     history-file record). None for ads Lark never networked (no Network* figures) or without GlobalJobId."""
-    gid = ad.get("GlobalJobId")
-    if not gid or ad.get("NetworkIncomingBytes") is None and ad.get("NetworkOutgoingBytes") is None:
+    get = ad.get
+    gid = get("GlobalJobId")
+    b_in, b_out = get("NetworkIncomingBytes"), get("NetworkOutgoingBytes")
+    if not gid or b_in is None and b_out is None:
         return None
-    completed = _num(ad.get("CompletionDate"), int) or _num(ad.get("EnteredCurrentStatus"), int) or 0
-    extra = {a: ad[a] for a in extra_attrs if ad.get(a) is not None}
+    completed = _int0(get("CompletionDate")) or _int0(get("EnteredCurrentStatus"))
+    extra = {a: ad[a] for a in extra_attrs if get(a) is not None}
     return Row((
-        str(gid), source, str(ad.get("Owner") or ""),
-        str(ad.get("AcctGroup") or ad.get("AccountingGroup") or ""),
-        ep_of(str(ad.get("LastRemoteHost") or ad.get("RemoteHost") or "")),
-        str(ad.get("LarkNetworkType") or ""), completed, _num(ad.get("RemoteWallClockTime")),
-        _num(ad.get("NetworkIncomingBytes"), int) or 0, _num(ad.get("NetworkOutgoingBytes"), int) or 0,
-        _num(ad.get("NetworkIncomingPackets"), int) or 0, _num(ad.get("NetworkOutgoingPackets"), int) or 0,
-        _num(ad.get("NetworkIncomingAvgRate")) or 0.0, _num(ad.get("NetworkOutgoingAvgRate")) or 0.0,
-        _num(ad.get("NetworkIncomingPeakRate")) or 0.0, _num(ad.get("NetworkOutgoingPeakRate")) or 0.0,
-        _num(ad.get("LarkBandwidthLimit")), _num(ad.get("RequestBandwidth")),
+        str(gid), source, str(get("Owner") or ""), str(get("AcctGroup") or get("AccountingGroup") or ""),
+        ep_of(str(get("LastRemoteHost") or get("RemoteHost") or "")),
+        str(get("LarkNetworkType") or ""), completed, _num(get("RemoteWallClockTime")),
+        _int0(b_in), _int0(b_out), _int0(get("NetworkIncomingPackets")), _int0(get("NetworkOutgoingPackets")),
+        _float0(get("NetworkIncomingAvgRate")), _float0(get("NetworkOutgoingAvgRate")),
+        _float0(get("NetworkIncomingPeakRate")), _float0(get("NetworkOutgoingPeakRate")),
+        _num(get("LarkBandwidthLimit")), _num(get("RequestBandwidth")),
         json.dumps(extra, sort_keys=True, default=str) if extra else None,
     ))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from typing import Any, Iterator
 
@@ -14,17 +15,20 @@ log = logging.getLogger(__name__)
 BANNER = "***"   # HTCondor ends every ad in a history file with a `*** ProcId = ... ClusterId = ...` line
 
 
-def _literal(text: str) -> Any:
+_NUMERIC_START = frozenset(b"-0123456789.")
+
+
+def _literal(text: bytes) -> Any:
     """The value of one right-hand side of an old-syntax ClassAd line.
 
     Integers, reals and strings without escapes (nearly every value in a history file) are decoded here,
     because going through the ClassAd parser for each of millions of values is what would make a large
     import slow; anything else (escaped strings, booleans, expressions, lists) goes to classad2.
     """
-    if text and text[0] == '"':
-        if text[-1] == '"' and "\\" not in text and text.count('"') == 2:
-            return text[1:-1]
-    else:
+    if text[:1] == b'"':
+        if text[-1:] == b'"' and b"\\" not in text and text.count(b'"') == 2:
+            return text[1:-1].decode("utf-8", "replace")
+    elif text and text[0] in _NUMERIC_START:
         try:
             return int(text)
         except ValueError:
@@ -34,36 +38,53 @@ def _literal(text: str) -> Any:
                 pass
     import classad2
     try:
-        value = classad2.ExprTree(text).eval()
+        value = classad2.ExprTree(text.decode("utf-8", "replace")).eval()
     except Exception:
-        return text
+        return text.decode("utf-8", "replace")
     return None if isinstance(value, classad2.Value) else value   # Undefined / Error
 
 
-def read_history_file(path: str, offset: int = 0, wanted: set[str] | None = None
+def _line_pattern(wanted: set[str] | None) -> re.Pattern:
+    """A wanted attribute's line. Anchored on the newline before it (a literal the regex engine scans for
+    quickly), so the lines of other attributes, most of a real history ad, never reach Python."""
+    names = "|".join(sorted(map(re.escape, wanted))) if wanted else r"[A-Za-z_][A-Za-z0-9_.]*"
+    return re.compile(rb"\n(" + names.encode() + rb") = ([^\r\n]*)")
+
+
+def read_history_file(path: str, offset: int = 0, wanted: set[str] | None = None, block: int = 8 << 20
                       ) -> Iterator[tuple[dict, int]]:
-    """(ad, offset just after it) for every complete ad in a history file from `offset` on; an ad still
-    being written (no banner yet) is left for the next run. `wanted` limits the attributes decoded."""
+    """(ad, offset) for every complete ad in a history file from `offset` on, where offset is the end of the
+    block of complete ads it came in; an ad still being written (no banner yet) is left for the next run.
+    `wanted` limits the attributes decoded."""
     try:
         f = open(path, "rb")
     except OSError as e:
         raise LarkError(f"cannot read the history file: {e.strerror}", obj=path,
                         fix="give the schedd's history file (condor_config_val HISTORY) readable by you") from None
+    pattern = _line_pattern(wanted)
     with f:
         f.seek(offset)
-        ad: dict = {}
-        pos = offset
-        for raw in f:
-            pos += len(raw)
-            if raw.startswith(b"***"):
-                if ad:
-                    yield ad, pos
-                ad = {}
-                continue
-            name, sep, value = raw.decode("utf-8", "replace").partition(" = ")
-            if not sep or (wanted is not None and name not in wanted):
-                continue
-            ad[name] = _literal(value.rstrip("\r\n"))
+        pos = offset        # file offset of buf[0]
+        buf = b""
+        while True:
+            data = f.read(block)
+            buf += data
+            # Work up to the end of the last complete banner line; the rest waits for more data.
+            cut = buf.rfind(b"\n***")
+            if cut < 0 and buf.startswith(b"***"):
+                cut = 0
+            eol = buf.find(b"\n", cut + 1) if cut >= 0 else -1
+            if eol >= 0:
+                end = pos + eol + 1
+                # Split into ads at the banners (in C), then pick each ad's wanted lines (in C).
+                for piece in (b"\n" + buf[:eol]).split(b"\n***"):
+                    raw = pattern.findall(piece)
+                    if raw:
+                        yield {k.decode(): _literal(v) for k, v in raw}, end
+                pos = end
+                buf = buf[eol + 1:]
+            if not data:
+                return
 
 
 def history_file_identity(path: str) -> tuple[int, int]:
