@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Iterator
+from typing import Iterable, Iterator, Mapping
 
 from . import sources
 from .cache import Cache
@@ -38,28 +38,39 @@ def import_history_file(cache: Cache, path: str, extra_attrs: list[str] | None =
     return cache.count()
 
 
+def import_ads(cache: Cache, ads: Iterable[Mapping], extra_attrs: list[str] | None = None) -> tuple[int, int]:
+    """Job ads as plain mappings (sources.ad_values of what htcondor2 returns) into the cache; returns
+    (ads read, newest EnteredCurrentStatus among them)."""
+    extra = DEFAULT_EXTRA_ATTRS + list(extra_attrs or [])
+    newest = [0]
+    n = [0]
+
+    def rows() -> Iterator[Row]:
+        for ad in ads:
+            n[0] += 1
+            ecs = ad.get("EnteredCurrentStatus")
+            if type(ecs) is int and ecs > newest[0]:
+                newest[0] = ecs
+            r = row_from_ad(ad, "history", extra)
+            if r is not None:
+                yield r
+
+    cache.add(rows())
+    return n[0], newest[0]
+
+
 def import_schedds(cache: Cache, pool: str | None = None, name: str | None = None,
                    extra_attrs: list[str] | None = None) -> int:
     """Read every schedd's (or one schedd's) history newer than the last run's; returns ads read."""
-    extra = DEFAULT_EXTRA_ATTRS + list(extra_attrs or [])
-    attrs = CORE_ATTRS + extra
+    attrs = CORE_ATTRS + DEFAULT_EXTRA_ATTRS + list(extra_attrs or [])
     total = 0
     for sname, schedd in sources.schedds(pool, name):
         key = f"schedd:{sname}"
         mark = cache.mark(key)
         since = mark[0] - SCHEDD_OVERLAP_S if mark else None
-        newest = [mark[0] if mark else 0]
-
-        def rows() -> Iterator[Row]:
-            for ad in sources.schedd_history(schedd, since, attrs):
-                newest[0] = max(newest[0], int(ad.get("EnteredCurrentStatus") or 0))
-                r = row_from_ad(ad, "history", extra)
-                if r is not None:
-                    yield r
-
-        n = cache.add(rows())
+        n, newest = import_ads(cache, sources.schedd_history(schedd, since, attrs), extra_attrs)
         total += n
-        cache.set_mark(key, newest[0], int(time.time()))
+        cache.set_mark(key, max(newest, mark[0] if mark else 0), int(time.time()))
         log.info("read %d new history ads from schedd %s", n, sname)
     return total
 

@@ -119,7 +119,22 @@ def schedd_history(schedd, since_time: int | None, attrs: list[str]) -> Iterator
         raise LarkError(f"history query failed: {e}", obj="schedd",
                         fix="check that this host may read the schedd (ALLOW_READ)") from None
     for ad in ads:
-        yield {k: ad.eval(k) if k in ad else None for k in attrs}
+        yield ad_values(ad)
+
+
+def ad_values(ad) -> dict:
+    """A classad2.ClassAd as plain values. History ads hold literals, which `dict()` converts in C (ten
+    times faster than evaluating each attribute); the rare expression is evaluated in the ad's scope."""
+    import classad2
+    values = dict(ad)
+    for k, v in values.items():
+        if isinstance(v, classad2.ExprTree):
+            try:
+                v = v.eval(ad)
+            except Exception:
+                v = None
+            values[k] = None if isinstance(v, classad2.Value) else v
+    return values
 
 
 def finished_records(directory: str) -> list[dict]:
@@ -134,4 +149,4 @@ def this_ep() -> str:
 
 
 __all__ = ["CORE_ATTRS", "read_history_file", "history_file_identity", "schedds", "schedd_history",
-           "finished_records", "this_ep"]
+           "ad_values", "finished_records", "this_ep"]

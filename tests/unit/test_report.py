@@ -245,3 +245,55 @@ def test_cli_report_from_history_file(tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     assert {g["Owner"]: g["bytes_in"] for g in data["groups"]} == {"alice": 10, "bob": 20}
     assert cli.main(["report", "--cache", str(tmp_path / "c.sqlite"), "--no-import", "--by", "x;y"]) == 1
+
+
+def classad_of(d: dict):
+    import classad2
+    ad = classad2.ClassAd()
+    for k, v in d.items():
+        ad[k] = v
+    return ad
+
+
+class FakeSchedd:
+    """Answers history() like a schedd: newest first, stopping where `since` becomes true."""
+
+    def __init__(self, ads):
+        self.ads = ads
+        self.calls = []
+
+    def history(self, constraint=None, projection=(), match=-1, since=None):
+        import classad2
+        self.calls.append(since)
+        out = []
+        for a in sorted(self.ads, key=lambda a: a["EnteredCurrentStatus"], reverse=True):
+            ad = classad_of(a)
+            if since is not None and classad2.ExprTree(since).eval(ad) is True:
+                break
+            out.append(ad)
+        return out
+
+
+def test_schedd_history_read_incrementally_and_never_twice(cache, monkeypatch):
+    from lark.report import sources
+    ads = [dict(ad(i, completed=T0 + i * 100), EnteredCurrentStatus=T0 + i * 100) for i in range(1, 6)]
+    schedd = FakeSchedd(ads)
+    monkeypatch.setattr(sources, "schedds", lambda pool, name: [("submit1", schedd)])
+    assert importer.import_schedds(cache) == 5
+    assert schedd.calls == [None]
+    schedd.ads = ads + [dict(ad(9, completed=T0 + 900), EnteredCurrentStatus=T0 + 900)]
+    importer.import_schedds(cache)
+    # The second run asks from a little before the newest job it saw, and the overlap replaces itself.
+    assert schedd.calls[1] == f"EnteredCurrentStatus < {T0 + 500 - importer.SCHEDD_OVERLAP_S}"
+    rep = aggregate.summarise(cache.db, [])
+    assert rep.rows[0]["jobs"] == 6 and rep.rows[0]["bytes_in"] == 6000
+
+
+def test_ad_values_evaluates_expressions_in_the_ad():
+    import classad2
+    from lark.report.sources import ad_values
+    a = classad_of({"GlobalJobId": "s#1.0#1", "NetworkIncomingBytes": 7, "Owner": "alice"})
+    a["Doubled"] = classad2.ExprTree("NetworkIncomingBytes * 2")
+    a["Missing"] = classad2.ExprTree("NoSuchAttr")
+    v = ad_values(a)
+    assert v["Doubled"] == 14 and v["Missing"] is None and v["Owner"] == "alice"
