@@ -70,9 +70,9 @@ def main() -> int:
         size_mb = os.path.getsize(hist) / 1e6
 
         cache = Cache(os.path.join(d, "cache.sqlite"))
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         importer.import_history_file(cache, hist)
-        import_s = time.perf_counter() - t
+        import_s, import_cpu_s = time.perf_counter() - t, time.process_time() - c
         rows = cache.count()
         assert rows == N, (rows, N)
 
@@ -83,25 +83,32 @@ def main() -> int:
 
         timings = []
         for by in (["Owner", "AcctGroup"], ["EP"], ["day"], ["NetworkType", "month"]):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             rep = aggregate.summarise(cache.db, by)
             output.write_csv(rep, io.StringIO())
-            timings.append((f"report --by {','.join(by)} --csv", time.perf_counter() - t, len(rep.rows)))
+            timings.append((f"report --by {','.join(by)} --csv", time.perf_counter() - t, len(rep.rows),
+                            time.process_time() - c))
             assert rep.totals()["jobs"] == N
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         rep = aggregate.summarise(cache.db, ["Owner"])
         output.write_html(rep, aggregate.per_day_by(cache.db, "Owner", None, None), os.path.join(d, "html"))
-        timings.append(("report --by Owner --html (3 charts)", time.perf_counter() - t, len(rep.rows)))
+        timings.append(("report --by Owner --html (3 charts)", time.perf_counter() - t, len(rep.rows),
+                        time.process_time() - c))
         cache.close()
 
     # "Summarised" is the report itself (table, CSV, JSON share the query); the HTML page adds charts.
-    query_s = max(s for name, s, _ in timings if "--html" not in name)
-    print(f"{'step':<44} {'seconds':>9} {'rows':>9}  (shared 2-core machine, measured under load)")
-    print(f"{'write synthetic history file (' + f'{size_mb:.0f} MB)':<44} {gen_s:>9.2f} {N:>9}")
-    print(f"{'first import into the cache':<44} {import_s:>9.2f} {rows:>9}   {N / import_s:,.0f} ads/s (goal >= 50,000)")
-    print(f"{'second import (nothing new)':<44} {again_s:>9.3f} {0:>9}")
-    for name, s, n in timings:
-        print(f"{name:<44} {s:>9.2f} {n:>9}")
+    query_s = max(s for name, s, _, _ in timings if "--html" not in name)
+    load = os.getloadavg()[0]
+    # Wall time is what a user waits; CPU time is what this process used, which a shared machine's load
+    # inflates less (both are printed; the goals are on wall time).
+    print(f"{'step':<44} {'wall s':>8} {'cpu s':>8} {'rows':>8}   (2-core machine shared by other work, "
+          f"load average {load:.1f})")
+    print(f"{'write synthetic history file (' + f'{size_mb:.0f} MB)':<44} {gen_s:>8.2f} {'':>8} {N:>8}")
+    print(f"{'first import into the cache':<44} {import_s:>8.2f} {import_cpu_s:>8.2f} {rows:>8}   "
+          f"{N / import_s:,.0f} ads/s wall, {N / import_cpu_s:,.0f} ads per cpu-s (goal >= 50,000/s)")
+    print(f"{'second import (nothing new)':<44} {again_s:>8.3f} {'':>8} {0:>8}")
+    for name, s, n, cpu in timings:
+        print(f"{name:<44} {s:>8.2f} {cpu:>8.2f} {n:>8}")
     print(f"slowest summary from the cache: {query_s:.2f} s (goal <= 10 s)")
     print(f"ads={N} import_ads_per_s={N / import_s:.0f} query_s={query_s:.2f}")
     return 0

@@ -8,7 +8,7 @@ from typing import Iterable, Iterator, Mapping
 
 from . import sources
 from .cache import Cache
-from .fields import CORE_ATTRS, DEFAULT_EXTRA_ATTRS, Row, row_from_ad, row_from_finished
+from .fields import CORE_ATTRS, Row, extra_attributes, row_from_ad, row_from_finished
 
 log = logging.getLogger(__name__)
 # A schedd's history is re-read from a little before the newest job seen, so jobs that left the queue in the
@@ -18,7 +18,7 @@ SCHEDD_OVERLAP_S = 300
 
 def import_history_file(cache: Cache, path: str, extra_attrs: list[str] | None = None) -> int:
     """Read a history file from where the last run stopped (from the start if the schedd rotated it)."""
-    extra = DEFAULT_EXTRA_ATTRS + list(extra_attrs or [])
+    extra = extra_attributes(extra_attrs)
     wanted = set(CORE_ATTRS) | set(extra)
     inode, size = sources.history_file_identity(path)
     key = f"file:{os.path.abspath(path)}"
@@ -27,7 +27,7 @@ def import_history_file(cache: Cache, path: str, extra_attrs: list[str] | None =
     last = [offset]
 
     def rows() -> Iterator[Row]:
-        for ad, end in sources.read_history_file(path, offset, wanted):
+        for ad, end in sources.read_history_file(path, offset, wanted, raw=True):
             last[0] = end
             r = row_from_ad(ad, "history", extra)
             if r is not None:
@@ -41,7 +41,7 @@ def import_history_file(cache: Cache, path: str, extra_attrs: list[str] | None =
 def import_ads(cache: Cache, ads: Iterable[Mapping], extra_attrs: list[str] | None = None) -> tuple[int, int]:
     """Job ads as plain mappings (sources.ad_values of what htcondor2 returns) into the cache; returns
     (ads read, newest EnteredCurrentStatus among them)."""
-    extra = DEFAULT_EXTRA_ATTRS + list(extra_attrs or [])
+    extra = extra_attributes(extra_attrs)
     newest = [0]
     n = [0]
 
@@ -62,7 +62,7 @@ def import_ads(cache: Cache, ads: Iterable[Mapping], extra_attrs: list[str] | No
 def import_schedds(cache: Cache, pool: str | None = None, name: str | None = None,
                    extra_attrs: list[str] | None = None) -> int:
     """Read every schedd's (or one schedd's) history newer than the last run's; returns ads read."""
-    attrs = CORE_ATTRS + DEFAULT_EXTRA_ATTRS + list(extra_attrs or [])
+    attrs = CORE_ATTRS + extra_attributes(extra_attrs)
     total = 0
     for sname, schedd in sources.schedds(pool, name):
         key = f"schedd:{sname}"

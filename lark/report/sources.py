@@ -9,53 +9,24 @@ import socket
 from typing import Any, Iterator
 
 from ..errors import LarkError
-from .fields import CORE_ATTRS
+from .fields import CORE_ATTRS, RawAd, decode_literal
 
 log = logging.getLogger(__name__)
-BANNER = "***"   # HTCondor ends every ad in a history file with a `*** ProcId = ... ClusterId = ...` line
-
-
-_NUMERIC_START = frozenset(b"-0123456789.")
-
-
-def _literal(text: bytes) -> Any:
-    """The value of one right-hand side of an old-syntax ClassAd line.
-
-    Integers, reals and strings without escapes (nearly every value in a history file) are decoded here,
-    because going through the ClassAd parser for each of millions of values is what would make a large
-    import slow; anything else (escaped strings, booleans, expressions, lists) goes to classad2.
-    """
-    if text[:1] == b'"':
-        if text[-1:] == b'"' and b"\\" not in text and text.count(b'"') == 2:
-            return text[1:-1].decode("utf-8", "replace")
-    elif text and text[0] in _NUMERIC_START:
-        try:
-            return int(text)
-        except ValueError:
-            try:
-                return float(text)
-            except ValueError:
-                pass
-    import classad2
-    try:
-        value = classad2.ExprTree(text.decode("utf-8", "replace")).eval()
-    except Exception:
-        return text.decode("utf-8", "replace")
-    return None if isinstance(value, classad2.Value) else value   # Undefined / Error
 
 
 def _line_pattern(wanted: set[str] | None) -> re.Pattern:
     """A wanted attribute's line. Anchored on the newline before it (a literal the regex engine scans for
     quickly), so the lines of other attributes, most of a real history ad, never reach Python."""
     names = "|".join(sorted(map(re.escape, wanted))) if wanted else r"[A-Za-z_][A-Za-z0-9_.]*"
-    return re.compile(rb"\n(" + names.encode() + rb") = ([^\r\n]*)")
+    return re.compile(r"\n(" + names + r") = ([^\r\n]*)")
 
 
-def read_history_file(path: str, offset: int = 0, wanted: set[str] | None = None, block: int = 8 << 20
-                      ) -> Iterator[tuple[dict, int]]:
+def read_history_file(path: str, offset: int = 0, wanted: set[str] | None = None, raw: bool = False,
+                      block: int = 8 << 20) -> Iterator[tuple[dict, int]]:
     """(ad, offset) for every complete ad in a history file from `offset` on, where offset is the end of the
     block of complete ads it came in; an ad still being written (no banner yet) is left for the next run.
-    `wanted` limits the attributes decoded."""
+    `wanted` limits the attributes read. With `raw`, values stay ClassAd literal text (a fields.RawAd, which
+    the row builder decodes only where it needs to), else they are decoded."""
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -76,11 +47,11 @@ def read_history_file(path: str, offset: int = 0, wanted: set[str] | None = None
             eol = buf.find(b"\n", cut + 1) if cut >= 0 else -1
             if eol >= 0:
                 end = pos + eol + 1
-                # Split into ads at the banners (in C), then pick each ad's wanted lines (in C).
-                for piece in (b"\n" + buf[:eol]).split(b"\n***"):
-                    raw = pattern.findall(piece)
-                    if raw:
-                        yield {k.decode(): _literal(v) for k, v in raw}, end
+                # Split into ads at the banners, then pick each ad's wanted lines: both in C.
+                for piece in ("\n" + buf[:eol].decode("utf-8", "replace")).split("\n***"):
+                    ad = RawAd(pattern.findall(piece))
+                    if ad:
+                        yield (ad if raw else {k: decode_literal(v) for k, v in ad.items()}), end
                 pos = end
                 buf = buf[eol + 1:]
             if not data:

@@ -297,3 +297,40 @@ def test_ad_values_evaluates_expressions_in_the_ad():
     a["Missing"] = classad2.ExprTree("NoSuchAttr")
     v = ad_values(a)
     assert v["Doubled"] == 14 and v["Missing"] is None and v["Owner"] == "alice"
+
+
+_text_values = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")), max_size=12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.fixed_dictionaries(
+    {"Owner": _text_values, "NetworkIncomingBytes": st.integers(0, 10**13)},
+    optional={"AcctGroup": _text_values, "AccountingGroup": _text_values, "LastRemoteHost": _text_values,
+              "RemoteHost": _text_values, "CompletionDate": st.integers(0, 2**31), "EnteredCurrentStatus":
+              st.integers(1, 2**31), "RemoteWallClockTime": st.floats(0, 1e7), "NetworkOutgoingBytes":
+              st.integers(0, 10**13), "NetworkIncomingPeakRate": st.floats(0, 1e11), "LarkBandwidthLimit":
+              st.floats(0.5, 1e5), "LarkNetworkType": st.sampled_from(["nat", "bridge"]), "JobUniverse":
+              st.integers(1, 12), "ProjectName": _text_values}), min_size=1, max_size=8))
+def test_history_file_and_schedd_paths_store_the_same_rows(tmp_path_factory, ads):
+    """A history file (literal text, decoded by type where used) and the same ads from a schedd (values
+    already decoded by classad2) give identical cache rows; the file is written by classad2 in the old
+    syntax a schedd writes, escapes included."""
+    from lark.report.sources import ad_values
+    d = tmp_path_factory.mktemp("eq")
+    cads = []
+    for i, a in enumerate(ads):
+        c = classad_of({**a, "GlobalJobId": f'sub#{i}.0#"q"\\x'})
+        cads.append(c)
+    (d / "history").write_text("".join(c.printOld() + f"*** ProcId = 0 ClusterId = {i}\n"
+                                       for i, c in enumerate(cads)))
+    by_file, by_schedd = Cache(str(d / "f.sqlite")), Cache(str(d / "s.sqlite"))
+    try:
+        importer.import_history_file(by_file, str(d / "history"), ["ProjectName"])
+        importer.import_ads(by_schedd, [ad_values(c) for c in cads], ["ProjectName"])
+        q = "SELECT * FROM jobs ORDER BY gid"
+        got_file, got_schedd = by_file.db.execute(q).fetchall(), by_schedd.db.execute(q).fetchall()
+        assert len(got_schedd) == len(ads)
+        assert [tuple(pytest.approx(v) if isinstance(v, float) else v for v in r) for r in got_file] == got_schedd
+    finally:
+        by_file.close()
+        by_schedd.close()
