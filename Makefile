@@ -17,7 +17,7 @@ $(VENV)/.installed: setup.py
 	  || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES))
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[test]'
+	$(VPY) -m pip install -q -e '.[test,report]'
 	touch $@
 
 # The whole suite: unit, real-kernel integration, and end-to-end jobs on the HTCondor testbed (built into
@@ -53,6 +53,7 @@ bench: deps
 	$(VPY) bench/e2e_latency.py
 	$(VPY) bench/bandwidth_accuracy.py
 	$(VPY) bench/paper_fig8.py
+	$(VPY) bench/report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

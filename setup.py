@@ -9,8 +9,11 @@ setup(
     install_requires=[
         "pyroute2>=0.9,<0.10",
         "htcondor>=24.0",
+        "rich>=13",                 # lark report: terminal tables
+        "prometheus-client>=0.17",  # larkd: live metrics (off unless metrics_address is set)
     ],
-    extras_require={"test": ["pytest", "hypothesis"], "bench": ["matplotlib"]},
+    extras_require={"test": ["pytest", "hypothesis"], "bench": ["matplotlib"],
+                    "report": ["matplotlib"]},  # lark report --html charts
     entry_points={
         "console_scripts": [
             "larkd=lark.daemon.server:main",

@@ -152,9 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_detect_bandwidth)
     p = sub.add_parser("doctor", help="kernel and tool features Lark needs or can use")
     p.set_defaults(func=cmd_doctor)
+    from .report.command import add_parser as add_report_parser
+    from .report.machine_ad import add_parser as add_machine_ad_parser
+    add_report_parser(sub)
+    add_machine_ad_parser(sub)
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="lark: %(levelname)s %(message)s")
-    if args.socket is None and args.config and args.cmd != "policy":
+    if args.socket is None and args.config and args.cmd not in ("policy", "report"):
         args.socket = load(args.config).socket
     try:
         return args.func(args)

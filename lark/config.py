@@ -44,6 +44,9 @@ class Config:
     # and at its end; 0 = off. Only with ad_source = "startd" (the other source knows no schedd).
     schedd_push_interval: float = 60.0
     schedd_push_retry: float = 600.0    # keep retrying a job's final push this long (s)
+    # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
+    # management address: the figures name slots and running job ids.
+    metrics_address: str = ""
     # [network]
     uplink: str = "eth0"
     subnet: str = "10.213.0.0/16"
@@ -180,6 +183,11 @@ class Config:
                 raise bad("bridge_range6", f"{self.bridge_range6} is empty or larger than 2^20 addresses",
                           "give first-last of at most a million addresses")
         self.default_bandwidth = str(self.default_bandwidth)
+        if self.metrics_address:
+            host, sep, port = self.metrics_address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise bad("metrics_address", f"{self.metrics_address!r} is not host:port",
+                          'use e.g. "127.0.0.1:9813" or "[::1]:9813", or "" to turn metrics off')
         if self.default_bandwidth not in ("unlimited", "share"):
             try:
                 mbit = float(self.default_bandwidth)

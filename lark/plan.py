@@ -33,6 +33,7 @@ class NetworkPlan:
     vlan: int | None = None
     owner: str = ""
     accounting_group: str = ""
+    global_job_id: str = ""           # the job's GlobalJobId: `lark report` matches EP records with history by it
     decided_by: dict = field(default_factory=dict)  # field -> what decided it (attribute, expression, callout)
 
     @property

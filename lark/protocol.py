@@ -6,7 +6,7 @@ import json
 from . import PROTOCOL_VERSION
 from .errors import LarkError
 
-OPS = {"ping", "check", "setup", "release", "stats", "status", "gc"}
+OPS = {"ping", "check", "setup", "release", "stats", "status", "gc", "totals"}
 
 
 def encode(msg: dict) -> bytes:

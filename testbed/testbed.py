@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The Lark HTCondor testbed: a real one-machine pool (Debian sid's condor + minicondor 25.14.x) in a chroot,
 run as an execution point inside its own network namespace with an uplink to a "world" namespace that holds
-test servers (HTTP files on :8000, iperf3 on :5201). Nothing outside its own namespaces and directory is touched.
+test servers (HTTP files on :8000, byte sink on :7001, iperf3 on :5201). Nothing outside its own namespaces
+and directory is touched.
 
   testbed.py build     debootstrap + condor into the cache (reused; a fresh machine builds it in ~1 min)
   testbed.py install   copy this working tree's Lark into the root (venv with the distro's htcondor2)
@@ -162,6 +163,13 @@ def install() -> None:
         run(["chroot", str(ROOT), "python3", "-m", "venv", "--system-site-packages", "/opt/lark"], env=env)
         run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
              "/opt/lark-wheels", "pyroute2"], env=env)
+    # Pure-Python dependencies added since the venv was made (larkd's metrics, lark report's tables).
+    if run(["chroot", str(ROOT), "/opt/lark/bin/python", "-c", "import prometheus_client, rich"], check=False,
+           env=env).returncode != 0:
+        run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d",
+             str(ROOT / "opt/lark-wheels"), "prometheus-client>=0.17", "rich>=13"])
+        run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
+             "/opt/lark-wheels", "prometheus-client", "rich"], env=env)
     # The wheel is built by the host's pip (setuptools is there); the chroot installs it offline.
     wheels = ROOT / "opt/lark-wheels"
     for old in wheels.glob("lark-*.whl"):
@@ -189,7 +197,9 @@ def install() -> None:
         "STARTER_INITIAL_UPDATE_INTERVAL = 2\n"
         "NUM_CPUS = 16\nMEMORY = 16384\n"
         "# Hooks run as the job user and must find the larkd socket\n"
-        "LARKD_LOG = $(LOG)/LarkdLog\n")
+        "LARKD_LOG = $(LOG)/LarkdLog\n"
+        "# Node figures in the machine ad (60-lark-startd-cron.conf) refreshed often enough for tests\n"
+        "STARTD_CRON_LARK_PERIOD = 5s\n")
     (ROOT / "etc/hosts").write_text(f"127.0.0.1 localhost {os.uname().nodename}\n")
     (ROOT / "etc/resolv.conf").unlink(missing_ok=True)
     (ROOT / "etc/resolv.conf").write_text("# testbed: no resolver in the EP namespace\n")
@@ -238,8 +248,9 @@ def start() -> None:
         if not f.exists() or f.stat().st_size != size:
             f.write_bytes(os.urandom(size))
     world_log = open(CACHE / "world.log", "a")
-    http = subprocess.Popen(["nsenter", f"--net=/run/netns/{WORLD_NS}", sys.executable, "-m", "http.server",
-                             "8000", "--bind", "0.0.0.0", "--directory", str(www)], stdout=world_log,
+    # HTTP files on :8000, who-am-I on :7000 and a byte sink on :7001 (uploads), as on the fake EP.
+    http = subprocess.Popen(["nsenter", f"--net=/run/netns/{WORLD_NS}", sys.executable,
+                             str(REPO / "tests/helpers/worldserver.py"), str(www)], stdout=world_log,
                             stderr=world_log)
     state["world_pids"] = [http.pid]
     if shutil.which("iperf3"):

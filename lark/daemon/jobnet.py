@@ -273,7 +273,9 @@ class JobNetworker:
             summary.update({"job_id": rec.job_id, "slot": rec.slot, "key": key, "ended": time.time(),
                             "started": rec.created, "network_type": plan.get("network_type"),
                             "ipv4": plan.get("ipv4"), "owner": plan.get("owner"),
-                            "accounting_group": plan.get("accounting_group"), "reason": reason})
+                            "accounting_group": plan.get("accounting_group"), "reason": reason,
+                            "global_job_id": plan.get("global_job_id"), "rate_limit_mbit": plan.get("rate_limit_mbit"),
+                            "request_bandwidth_mbit": plan.get("request_bandwidth_mbit")})
             errors.run("save the final accounting", self.finished.save, key, summary)
         if errors:
             raise errors.error(rec.job_id if rec else None)

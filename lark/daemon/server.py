@@ -20,6 +20,7 @@ from ..config import Config, load
 from ..errors import LarkError
 from ..kernel.firewall import make_firewall
 from .jobnet import JobNetworker
+from .metrics import Metrics, machine_mbit, node_totals
 from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.engine import decide
@@ -62,6 +63,8 @@ class Larkd:
         self.log_limit = LogLimit()
         self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = Metrics(self)
+        self.uplink_mbit: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -78,6 +81,9 @@ class Larkd:
                 with open("/proc/sys/net/ipv6/conf/all/forwarding", "w") as f:
                     f.write("1")
         self.fw.ensure_base()
+        self.uplink_mbit = machine_mbit(cfg)
+        if cfg.metrics_address:
+            self.metrics.serve(cfg.metrics_address)
 
     def reconcile(self) -> list[tuple[str, int, int]]:
         """Adopt records whose starter still runs; tear down the rest and anything without a record.
@@ -161,9 +167,14 @@ class Larkd:
                     self.loop.remove_reader(fd)
                     os.close(fd)
             had_network = self.records.load(key) is not None
+            t0 = time.perf_counter()
             try:
                 summary = await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason,
                                                           pin.carried if pin else None, final)
+                self.metrics.teardown_seconds.observe(time.perf_counter() - t0)
+            except Exception:
+                self.metrics.failed("teardown")
+                raise
             finally:
                 self.active.discard(key)
             if pin is not None:
@@ -259,10 +270,12 @@ class Larkd:
                 answer = await self.dispatch(msg, who)
             except LarkError as e:
                 self._log_refusal(who, "refused %s from pid %d uid %d: %s", line[:40], who.pid, who.uid, e)
+                self.metrics.failed(getattr(e, "metric_reason", "refused"))
                 answer = protocol.error(str(e))
             except Exception as e:
                 if self.log_limit.allow(who.uid)[0]:  # a bug's traceback, but not one per request of a loop
                     log.exception("request from pid %d uid %d failed", who.pid, who.uid)
+                self.metrics.failed(getattr(e, "metric_reason", "internal"))
                 answer = protocol.error(f"internal error in larkd: {e}")
             writer.write(answer)
         except (ConnectionError, OSError):
@@ -330,6 +343,9 @@ class Larkd:
             if msg.get("fresh") and key in self.active:
                 await self.loop.run_in_executor(self.pool, self.acct.poll)
             return protocol.ok(**self.stats(key))
+        if op == "totals":
+            # Anyone may ask (the startd's cron runs as the condor user): node-wide sums only, no job named.
+            return protocol.ok(**node_totals(self, self.uplink_mbit))
         if who.uid != 0:
             raise LarkError(f"operation {op} is for root only", obj=f"pid {who.pid} uid {who.uid}")
         if op == "status":
@@ -372,7 +388,7 @@ class Larkd:
                 await self.loop.run_in_executor(self.pool, self.net.teardown, key, "replaced by a new job", carried)
             plan = self.checked_plan(starter, key)
             if plan is None:
-                plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+                plan = await self.decide_plan(starter, key)
             pin = self.pin(starter, key, job_ns)
             pin.job_id = plan.job_id
             pin.global_job_id = self.global_ids.pop((starter.pid, starter.start), pin.global_job_id)
@@ -382,9 +398,11 @@ class Larkd:
                 t0 = time.perf_counter()
                 rec = await self.loop.run_in_executor(self.pool, self.net.setup, plan, starter.pid, starter.start,
                                                       who.pid, job_ns)
-            except Exception:
+            except Exception as e:
                 self.active.discard(key)
+                e.metric_reason = "setup"
                 raise
+            self.metrics.setup_seconds.labels(plan.network_type).observe(time.perf_counter() - t0)
             if key not in self.watches:
                 self.watch(key, starter.pid, starter.start)
             log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, rec.plan["network_type"],
@@ -425,7 +443,7 @@ class Larkd:
         decided = self.check_limit.recent(ident)
         if decided is None:
             try:
-                decided = (await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)).to_dict()
+                decided = (await self.decide_plan(starter, key)).to_dict()
             except LarkError as e:
                 decided = e
             self.check_limit.remember(ident, decided)
@@ -445,6 +463,13 @@ class Larkd:
         if (pid, start) != (starter.pid, starter.start) or time.monotonic() - at > CHECK_REUSE_SECONDS:
             return None
         return NetworkPlan.from_dict(plan)
+
+    async def decide_plan(self, starter: peercred.StarterInfo, key: str) -> NetworkPlan:
+        try:
+            return await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+        except LarkError as e:
+            e.metric_reason = "policy"   # counted under lark_failures_total{reason="policy"}
+            raise
 
     def plan_for(self, starter: peercred.StarterInfo, key: str):
         job_ad, machine_ad = self.ads.ads(starter)
@@ -481,6 +506,7 @@ class Larkd:
                  len(self.active))
         poll.cancel()
         server.close()
+        self.metrics.close()
         try:
             os.unlink(path)
         except FileNotFoundError:

@@ -16,12 +16,16 @@ class JobUsage:
     counters: Counters = field(default_factory=Counters)
     peak_in_bps: float = 0.0
     peak_out_bps: float = 0.0
+    rate_in_bps: float = 0.0          # over the last poll interval: what the job moves now
+    rate_out_bps: float = 0.0
 
     def update(self, c: Counters, now: float) -> None:
         dt = now - (self.last or self.started)
         if dt > 0.2:  # a shorter window turns a burst into a meaningless peak
-            self.peak_in_bps = max(self.peak_in_bps, (c.bytes_in - self.counters.bytes_in) * 8 / dt)
-            self.peak_out_bps = max(self.peak_out_bps, (c.bytes_out - self.counters.bytes_out) * 8 / dt)
+            self.rate_in_bps = (c.bytes_in - self.counters.bytes_in) * 8 / dt
+            self.rate_out_bps = (c.bytes_out - self.counters.bytes_out) * 8 / dt
+            self.peak_in_bps = max(self.peak_in_bps, self.rate_in_bps)
+            self.peak_out_bps = max(self.peak_out_bps, self.rate_out_bps)
         self.counters = c
         self.last = now
 
@@ -34,6 +38,7 @@ class JobUsage:
             "avg_in_bps": c.bytes_in * 8 / elapsed if self.last else 0.0,
             "avg_out_bps": c.bytes_out * 8 / elapsed if self.last else 0.0,
             "peak_in_bps": self.peak_in_bps, "peak_out_bps": self.peak_out_bps,
+            "rate_in_bps": self.rate_in_bps, "rate_out_bps": self.rate_out_bps,
             "seconds": elapsed if self.last else 0.0, "polled_at": self.last,
         }
 

@@ -281,5 +281,6 @@ def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: 
         address_type=address_type, request_bandwidth_mbit=request_bw, rate_limit_mbit=rate_limit, vlan=vlan,
         owner=_string_or_empty(job, "Owner"),
         accounting_group=_string_or_empty(job, "AcctGroup") or _string_or_empty(job, "AccountingGroup"),
+        global_job_id=_string_or_empty(job, "GlobalJobId"),
         decided_by=d.decided_by,
     )

@@ -86,6 +86,11 @@ def main():
         print(json.dumps({k: v for k, v in os.environ.items() if k.startswith("LARK_")}))
     elif cmd == "links":
         print(json.dumps(sorted(n for _, n in socket.if_nameindex())))
+    elif cmd == "download-then-sleep":  # url seconds: say what was moved, then stay alive to be observed
+        with urllib.request.urlopen(args[0], timeout=20) as r:
+            n = len(r.read())
+        print(json.dumps({"downloaded": n}), flush=True)
+        time.sleep(float(args[1]))
     elif cmd == "sleep":
         time.sleep(float(args[0]))
         print(json.dumps({"slept": float(args[0])}))

@@ -1,0 +1,129 @@
+"""larkd's live figures: Prometheus metrics (off unless metrics_address is set) and the node totals that the
+startd puts in the machine ad (`lark machine-ad`, STARTD_CRON).
+
+Label cardinality stays bounded by the machine, not by the jobs it ever ran: per-slot series are labelled by
+slot only; the job id appears only in `lark_job_info`, which exists while the job runs and is gone at the next
+scrape after it ends (every per-job series is read from the live records at scrape time, nothing is kept).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.registry import Collector
+
+from ..errors import LarkError
+
+if TYPE_CHECKING:
+    from .server import Larkd
+
+log = logging.getLogger(__name__)
+# Setup is ~5-50 ms without DHCP, seconds with a cold DHCP server; teardown tens of ms.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Failure reasons are a fixed set, so a hostile job cannot mint label values.
+REASONS = ("policy", "setup", "teardown", "refused", "internal")
+
+
+class LarkdCollector(Collector):
+    """Per-slot and node series, read from larkd's records and accountant at each scrape."""
+
+    def __init__(self, larkd: "Larkd"):
+        self.larkd = larkd
+
+    def collect(self) -> Iterator:
+        d = self.larkd
+        recs = [r for r in d.records.all() if r.phase == "ready"]
+        bytes_ = CounterMetricFamily("lark_job_bytes", "IP bytes the slot's current job moved (in = toward the job)",
+                                     labels=["slot", "direction"])
+        packets = CounterMetricFamily("lark_job_packets", "Packets the slot's current job moved",
+                                      labels=["slot", "direction"])
+        rate = GaugeMetricFamily("lark_job_rate_bps", "Rate over the last counter poll, bit/s",
+                                 labels=["slot", "direction"])
+        limit = GaugeMetricFamily("lark_job_limit_bps", "Configured rate limit of the slot's job, bit/s (each "
+                                  "direction); absent when unlimited", labels=["slot"])
+        info = InfoMetricFamily("lark_job", "The job running in a slot (present only while it runs)",
+                                labels=["slot"])
+        for rec in recs:
+            u = d.acct.summary(rec.key) or {}
+            for direction in ("in", "out"):
+                bytes_.add_metric([rec.slot, direction], u.get(f"bytes_{direction}", 0))
+                packets.add_metric([rec.slot, direction], u.get(f"packets_{direction}", 0))
+                rate.add_metric([rec.slot, direction], u.get(f"rate_{direction}_bps", 0.0))
+            if rec.plan.get("rate_limit_mbit"):
+                limit.add_metric([rec.slot], float(rec.plan["rate_limit_mbit"]) * 1e6)
+            info.add_metric([rec.slot], {"job_id": rec.job_id, "global_job_id": rec.plan.get("global_job_id") or "",
+                                         "network_type": rec.plan.get("network_type") or ""})
+        yield from (bytes_, packets, rate, limit, info)
+        yield GaugeMetricFamily("lark_active_jobs", "Jobs with a network right now", value=len(recs))
+        free = GaugeMetricFamily("lark_pool_free", "Free entries in each address or port pool", labels=["pool"])
+        size = GaugeMetricFamily("lark_pool_size", "Entries in each address or port pool", labels=["pool"])
+        for pool in d.net.pools:
+            used = sum(1 for _ in pool.entries())
+            name = os.path.basename(pool.dir.rstrip("/"))
+            free.add_metric([name], pool.size - used)
+            size.add_metric([name], pool.size)
+        yield from (free, size)
+
+
+class Metrics:
+    """Setup/teardown latency and failure counts (kept by larkd's hooks) plus the scrape-time collector."""
+
+    def __init__(self, larkd: "Larkd"):
+        self.registry = CollectorRegistry()
+        self.setup_seconds = Histogram("lark_setup_seconds", "Time to build a job's network",
+                                       ["network_type"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.teardown_seconds = Histogram("lark_teardown_seconds", "Time to remove a job's network",
+                                          buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.failures = Counter("lark_failures", "Refused or failed requests by reason", ["reason"],
+                                registry=self.registry)
+        for r in REASONS:
+            self.failures.labels(r)   # every reason present from the start, so rate() sees the first one
+        self.registry.register(LarkdCollector(larkd))
+        self.server = None
+
+    def serve(self, address: str) -> None:
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        try:
+            self.server, _thread = start_http_server(int(port), addr=host, registry=self.registry)
+        except OSError as e:
+            raise LarkError(f"cannot serve metrics: {e.strerror}", obj=f"metrics_address {address}",
+                            fix="pick a free local port, or set metrics_address = \"\" to turn metrics off") from None
+        log.info("Prometheus metrics on http://%s/metrics", address)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def failed(self, reason: str) -> None:
+        self.failures.labels(reason if reason in REASONS else "internal").inc()
+
+
+def node_totals(larkd: "Larkd", machine_mbit: float | None) -> dict:
+    """What the machine ad shows: sums over running jobs only, nothing that names or singles out a job."""
+    recs = [r for r in larkd.records.all() if r.phase == "ready"]
+    b_in = b_out = 0
+    limits = 0.0
+    for rec in recs:
+        u = larkd.acct.summary(rec.key) or {}
+        b_in += int(u.get("bytes_in", 0))
+        b_out += int(u.get("bytes_out", 0))
+        limits += float(rec.plan.get("rate_limit_mbit") or 0.0)
+    out = {"active_jobs": len(recs), "bytes_in": b_in, "bytes_out": b_out, "at": time.time()}
+    if machine_mbit:
+        out["avail_bandwidth_mbit"] = max(machine_mbit - limits, 0.0)
+    return out
+
+
+def machine_mbit(cfg) -> float | None:
+    """The uplink's capacity (link speed, else bandwidth_mbit), or None when neither is known."""
+    from ..kernel.linkspeed import detect
+    try:
+        return float(detect(cfg.uplink, cfg.bandwidth_mbit))
+    except (LarkError, OSError):
+        return None

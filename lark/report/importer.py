@@ -1,0 +1,85 @@
+"""Bring new history into the cache: only what the last run did not read, per source."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Iterable, Iterator, Mapping
+
+from . import sources
+from .cache import Cache
+from .fields import CORE_ATTRS, Row, extra_attributes, row_from_ad, row_from_finished
+
+log = logging.getLogger(__name__)
+# A schedd's history is re-read from a little before the newest job seen, so jobs that left the queue in the
+# same second as the last run's newest are not missed; re-read jobs replace themselves (same GlobalJobId).
+SCHEDD_OVERLAP_S = 300
+
+
+def import_history_file(cache: Cache, path: str, extra_attrs: list[str] | None = None) -> int:
+    """Read a history file from where the last run stopped (from the start if the schedd rotated it)."""
+    extra = extra_attributes(extra_attrs)
+    wanted = set(CORE_ATTRS) | set(extra)
+    inode, size = sources.history_file_identity(path)
+    key = f"file:{os.path.abspath(path)}"
+    mark = cache.mark(key)
+    offset = mark[1] if mark and mark[0] == inode and mark[1] <= size else 0
+    last = [offset]
+
+    def rows() -> Iterator[Row]:
+        for ad, end in sources.read_history_file(path, offset, wanted, raw=True):
+            last[0] = end
+            r = row_from_ad(ad, "history", extra)
+            if r is not None:
+                yield r
+
+    cache.add(rows())
+    cache.set_mark(key, inode, last[0])
+    return cache.count()
+
+
+def import_ads(cache: Cache, ads: Iterable[Mapping], extra_attrs: list[str] | None = None) -> tuple[int, int]:
+    """Job ads as plain mappings (sources.ad_values of what htcondor2 returns) into the cache; returns
+    (ads read, newest EnteredCurrentStatus among them)."""
+    extra = extra_attributes(extra_attrs)
+    newest = [0]
+    n = [0]
+
+    def rows() -> Iterator[Row]:
+        for ad in ads:
+            n[0] += 1
+            ecs = ad.get("EnteredCurrentStatus")
+            if type(ecs) is int and ecs > newest[0]:
+                newest[0] = ecs
+            r = row_from_ad(ad, "history", extra)
+            if r is not None:
+                yield r
+
+    cache.add(rows())
+    return n[0], newest[0]
+
+
+def import_schedds(cache: Cache, pool: str | None = None, name: str | None = None,
+                   extra_attrs: list[str] | None = None) -> int:
+    """Read every schedd's (or one schedd's) history newer than the last run's; returns ads read."""
+    attrs = CORE_ATTRS + extra_attributes(extra_attrs)
+    total = 0
+    for sname, schedd in sources.schedds(pool, name):
+        key = f"schedd:{sname}"
+        mark = cache.mark(key)
+        since = mark[0] - SCHEDD_OVERLAP_S if mark else None
+        n, newest = import_ads(cache, sources.schedd_history(schedd, since, attrs), extra_attrs)
+        total += n
+        cache.set_mark(key, max(newest, mark[0] if mark else 0), int(time.time()))
+        log.info("read %d new history ads from schedd %s", n, sname)
+    return total
+
+
+def import_finished(cache: Cache, directory: str, ep: str | None = None) -> int:
+    """This EP's finished-job records: they count until the job's history arrives, and never after."""
+    ep = ep or sources.this_ep()
+    recs = sources.finished_records(directory)
+    rows = [r for r in (row_from_finished(rec, ep) for rec in recs) if r is not None]
+    if len(rows) < len(recs):
+        log.info("%d finished records carry no GlobalJobId and are left to the job history", len(recs) - len(rows))
+    return cache.add(rows)
