@@ -47,10 +47,13 @@ def free_port() -> int:
 
 
 class SdnPool:
-    def __init__(self, tmp: str, policies: str = "", reconcile_grace: float = 0.0, site_prefixes=(SITE,)):
+    def __init__(self, tmp: str, policies: str = "", reconcile_grace: float = 0.0, site_prefixes=(SITE,),
+                 core_ns: str | None = None):
+        """core_ns: run the switch and the controller in this existing netns (e.g. a fake EP's) and make no WAN."""
         self.id = secrets.token_hex(3)
         self.tmp = Path(tmp)
-        self.core = f"lark-sdn-core-{self.id}"
+        self.own_core = core_ns is None
+        self.core = core_ns or f"lark-sdn-core-{self.id}"
         self.wan = f"lark-sdn-wan-{self.id}"
         self.namespaces: list[str] = []
         self.procs: list[subprocess.Popen] = []
@@ -72,10 +75,22 @@ class SdnPool:
         sh(["ip", "-n", name, "link", "set", "lo", "up"])
 
     def start(self) -> "SdnPool":
-        self._netns(self.core)
+        if self.own_core:
+            self._netns(self.core)
         self.ovs.start()
         self.ovs.vsctl("add-br", BRIDGE, "--", "set", "bridge", BRIDGE, "datapath_type=netdev",
                        "protocols=OpenFlow13", "fail_mode=secure")
+        if self.own_core:
+            self._make_wan()
+        certs.make(str(self.tls), ["controller=127.0.0.1", "ep1", "ep2", "intruder"])
+        certs.make(str(self.tmp / "other-ca"), ["ep1"])
+        self.write_config()
+        self.start_controller()
+        self.ovs.vsctl("set-controller", BRIDGE, f"tcp:127.0.0.1:{self.of_port}")
+        self.wait_switch()
+        return self
+
+    def _make_wan(self) -> None:
         # WAN router: w0 (site address, on port wan0) and w1 (same MAC, no address, on port wan1): two links to
         # the same router, so traffic steered out wan1 reaches the same next hop.
         self._netns(self.wan)
@@ -92,13 +107,6 @@ class SdnPool:
         for dev in ("w0", "w1"):
             sh(["ip", "-n", self.wan, "link", "set", dev, "up"])
         self.serve(self.wan, 7000)
-        certs.make(str(self.tls), ["controller=127.0.0.1", "ep1", "ep2", "intruder"])
-        certs.make(str(self.tmp / "other-ca"), ["ep1"])
-        self.write_config()
-        self.start_controller()
-        self.ovs.vsctl("set-controller", BRIDGE, f"tcp:127.0.0.1:{self.of_port}")
-        self.wait_switch()
-        return self
 
     def write_config(self) -> None:
         self.cfg_path.write_text(f"""
