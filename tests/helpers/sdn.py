@@ -67,6 +67,7 @@ class SdnPool:
         self.policies = policies
         self.reconcile_grace = reconcile_grace
         self.site_prefixes = list(site_prefixes)
+        self._contexts: dict = {}
 
     # -- topology ---------------------------------------------------------------------------------------
     def _netns(self, name: str) -> None:
@@ -196,11 +197,14 @@ reconcile_interval = 3600
         raise RuntimeError(f"switch did not connect:\n{self.log()}")
 
     def ssl_context(self, cert: str | None, ca_dir: Path | None = None) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.tls / "ca.pem"))
-        if cert:
-            d = ca_dir or self.tls
-            ctx.load_cert_chain(str(d / f"{cert}.pem"), str(d / f"{cert}.key"))
-        return ctx
+        key = (cert, str(ca_dir))
+        if key not in self._contexts:  # like larkd: one context per client, a new TLS connection per request
+            ctx = ssl.create_default_context(cafile=str(self.tls / "ca.pem"))
+            if cert:
+                d = ca_dir or self.tls
+                ctx.load_cert_chain(str(d / f"{cert}.pem"), str(d / f"{cert}.key"))
+            self._contexts[key] = ctx
+        return self._contexts[key]
 
     def api(self, method: str, path: str, body: object = None, cert: str | None = "ep1",
             ca_dir: Path | None = None, timeout: float = 10) -> tuple[int, dict]:
