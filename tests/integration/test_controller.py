@@ -161,3 +161,20 @@ def test_status_command_prints_jobs_and_totals(pool):
              str(pool.cfg_path)])
     assert "switches connected: 1" in cp.stdout and "jobs: 5" in cp.stdout, cp.stdout
     assert "drop:blocked" in cp.stdout and "wan:cms-wan1" in cp.stdout
+
+
+def test_a_restart_with_fewer_policies_removes_their_flows(pool):
+    jobs(pool)
+    wan_drop = "priority=200,ip,metadata=0x100000000/0xff00000000 actions=drop"
+    assert any(wan_drop in f for f in pool.flows())
+    base_before = [f for f in pool.flows() if "cookie=0x4c41524b00000000" in f]
+    pool.kill_controller()
+    pool.policies = POLICIES.split('[[policy]]\nname = "students-no-wan"')[0]   # keep "blocked" and "slices"
+    pool.write_config()
+    pool.start_controller()
+    pool.wait_switch()
+    base_after = [f for f in pool.flows() if "cookie=0x4c41524b00000000" in f]
+    assert not any("metadata=0x100000000/" in f or "metadata=0x300000000/" in f for f in base_after), base_after
+    assert len(base_after) == 5 and len(base_before) == 15
+    # the jobs' own flows were left alone (they are reconciled by cookie after the grace period)
+    assert len([f for f in pool.flows() if "cookie=0x4a" in f]) == 22
