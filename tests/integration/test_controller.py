@@ -178,3 +178,16 @@ def test_a_restart_with_fewer_policies_removes_their_flows(pool):
     assert len(base_after) == 5 and len(base_before) == 15
     # the jobs' own flows were left alone (they are reconciled by cookie after the grace period)
     assert len([f for f in pool.flows() if "cookie=0x4a" in f]) == 22
+
+
+def test_openflow_over_tls(tmp_path):
+    """The switch connects over TLS with its own certificate from the controller's CA, as a hardware switch would."""
+    p = SdnPool(str(tmp_path), policies=POLICIES, openflow_tls=True)
+    try:
+        p.start()
+        p.add_job("alice1", "ep1", "alice", 10)
+        p.add_job("bob", "ep2", "bob", 12)
+        assert p.register("alice1")[0] == 200 and p.register("bob")[0] == 200
+        assert not p.connects("alice1", p.ip("bob")) and p.connects("alice1", GW, 7000)
+    finally:
+        p.close()
