@@ -48,6 +48,9 @@ class ControllerClient:
             try:
                 ctx = ssl.create_default_context(cafile=self.cfg.controller_ca)
                 ctx.load_cert_chain(self.cfg.controller_cert, self.cfg.controller_key)
+                # The chain is still verified (CERT_REQUIRED); the name is checked in _check_peer, which also
+                # accepts the controller's certificate name, so an address in controller_url needs no IP SAN.
+                ctx.check_hostname = False
             except (OSError, ssl.SSLError) as e:
                 raise LarkError(f"cannot load this EP's TLS files: {e}",
                                 obj=f"controller_ca/controller_cert/controller_key ({self.cfg.controller_cert})",
@@ -56,10 +59,20 @@ class ControllerClient:
             self._ctx = ctx
         return self._ctx
 
+    def _check_peer(self, sock: ssl.SSLSocket) -> None:
+        cert = sock.getpeercert() or {}
+        names = {v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"}
+        names |= {v for k, v in cert.get("subjectAltName", ()) if k in ("DNS", "IP Address")}
+        if self.cfg.controller_name not in names and self.host not in names:
+            raise ssl.SSLError(f"the certificate at {self.host}:{self.port} names {sorted(names)}, neither "
+                               f"controller_name {self.cfg.controller_name!r} nor {self.host!r}: not the controller")
+
     def _call(self, method: str, path: str, body: object = None) -> tuple[int, dict]:
         conn = http.client.HTTPSConnection(self.host, self.port, context=self._context(),
                                            timeout=self.cfg.controller_timeout)
         try:
+            conn.connect()
+            self._check_peer(conn.sock)
             conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
                          headers={"Content-Type": "application/json"})
             r = conn.getresponse()
@@ -81,9 +94,8 @@ class ControllerClient:
                 if code == 200:
                     self._registered.add(plan.key)
         except ssl.SSLCertVerificationError as e:
-            return self._failed(plan.job_id, f"the controller's certificate was refused: {e.verify_message}; make "
-                                "its certificate name this address: `lark-controller certs --dir DIR "
-                                f"controller={self.host}`")
+            return self._failed(plan.job_id, f"the controller's certificate was refused: {e.verify_message} "
+                                "(is controller_ca the CA of `lark-controller certs`?)")
         except (OSError, ssl.SSLError, http.client.HTTPException) as e:
             return self._failed(plan.job_id, f"cannot reach it: {e}")
         except LarkError as e:  # this EP's TLS files

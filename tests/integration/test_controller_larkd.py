@@ -18,14 +18,15 @@ AD = 'ClusterId = {n}\nProcId = 0\nOwner = "alice"\nAcctGroup = "cms"\nProjectNa
 
 
 def ep_host(fakehost_factory, tmp_path, **kw):
-    """A fake EP whose larkd talks to a controller (not started yet) in the EP's own netns, on loopback."""
+    """A fake EP whose larkd talks to a controller (not started yet) in the EP's own netns, on loopback. It resyncs
+    only when it starts (controller_resync is long), so the tests see which event restored the controller's view."""
     tls = tmp_path / "tls"
     certs.make(str(tls), ["controller=127.0.0.1", "ep1"])
     pool_ports = SdnPool(str(tmp_path))   # only for its free ports and TLS paths; started later in the EP netns
     host = fakehost_factory(**BRIDGE_CFG, controller_url=f"https://127.0.0.1:{pool_ports.api_port}",
                             controller_ca=str(tls / "ca.pem"), controller_cert=str(tls / "ep1.pem"),
                             controller_key=str(tls / "ep1.key"), controller_timeout=2.0,
-                            controller_attributes=["ProjectName"], **kw)
+                            controller_attributes=["ProjectName"], controller_resync=3600.0, **kw)
     return host, pool_ports
 
 

@@ -230,3 +230,47 @@ def test_unregister_and_resync_remove_by_cookie_and_are_idempotent(service):
     assert body["removed"] == 1 and app.calls[-1] == ([], [job(2).cookie])
     st = c.status()
     assert st["totals"]["jobs"] == 0 and st["totals"]["base_flows"] == len(base_flows(cfg()))
+
+
+def test_larkd_accepts_only_the_controllers_certificate(tls):
+    import ssl as _ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from lark.controller import certs
+
+    certs.make(str(tls), ["ep2"])   # another EP's certificate from the same CA, posing as the controller
+
+    class Ack(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            data = b'{"cookie": "0x4a", "flows_per_switch": 5, "switches": 1}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    def serve(name):
+        srv = HTTPServer(("127.0.0.1", 0), Ack)
+        ctx = _ssl.SSLContext(_ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(tls / f"{name}.pem"), str(tls / f"{name}.key"))
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        return srv
+
+    for name, accepted in (("controller", True), ("ep2", False)):
+        srv = serve(name)
+        try:
+            c = Config(controller_url=f"https://127.0.0.1:{srv.server_address[1]}", controller_ca=str(tls / "ca.pem"),
+                       controller_cert=str(tls / "ep1.pem"), controller_key=str(tls / "ep1.key"),
+                       controller_timeout=2.0).validate()
+            if accepted:
+                ControllerClient(c, records=None).register(plan(), "02:00:00:00:00:05")
+            else:
+                with pytest.raises(LarkError) as e:
+                    ControllerClient(c, records=None).register(plan(), "02:00:00:00:00:05")
+                assert "not the controller" in str(e.value) and "job 5.0" in str(e.value)
+        finally:
+            srv.shutdown()
