@@ -58,7 +58,7 @@ def test_larkd_registers_a_real_job_before_it_runs_and_removes_it_at_teardown(cl
 
     pool = start_controller(host, ports)
     try:
-        p = host.spawn_job("slot2", ["listen", "9000", "8"], job_ad=AD.format(n=71))
+        p = host.spawn_job("slot2", ["listen", "9000", "60"], job_ad=AD.format(n=71))
         j = wait_ready(host, "slot2")
         ip = j["plan"]["ipv4"]
         # As soon as larkd reports the job ready (it answered the wrapper), its flows are on the switch.
@@ -93,7 +93,7 @@ def test_restarted_larkd_resyncs_its_jobs_to_the_controller(closed_ep):
     host, ports = closed_ep
     pool = start_controller(host, ports)
     try:
-        p = host.spawn_job("slot3", ["listen", "9000", "15"], job_ad=AD.format(n=73))
+        p = host.spawn_job("slot3", ["listen", "9000", "120"], job_ad=AD.format(n=73))  # outlives slow restarts
         wait_ready(host, "slot3")
         # The controller loses its state (kill -9 and start), then larkd restarts: its first resync restores it.
         pool.kill_controller()
