@@ -58,7 +58,7 @@ def test_larkd_registers_a_real_job_before_it_runs_and_removes_it_at_teardown(cl
 
     pool = start_controller(host, ports)
     try:
-        p = host.spawn_job("slot2", ["listen", "9000", "60"], job_ad=AD.format(n=71))
+        p = host.spawn_job("slot2", ["listen", "9000", "30"], job_ad=AD.format(n=71))
         j = wait_ready(host, "slot2")
         ip = j["plan"]["ipv4"]
         # As soon as larkd reports the job ready (it answered the wrapper), its flows are on the switch.
@@ -70,7 +70,7 @@ def test_larkd_registers_a_real_job_before_it_runs_and_removes_it_at_teardown(cl
         assert len(flows) == 5 and any(f"nw_src={ip}" in f for f in flows), flows
         assert f"registered with the controller: cookie {reg['cookie']}" in host.larkd_log()
         p.kill()
-        p.communicate(timeout=10)
+        p.wait(10)  # the starter; its job ends on its own listen timeout
         assert host.wait_clean() == {k: [] for k in host.residue()}
         deadline = time.time() + 5
         while pool.flows_with_cookie(reg["cookie"]) and time.time() < deadline:
@@ -93,7 +93,7 @@ def test_restarted_larkd_resyncs_its_jobs_to_the_controller(closed_ep):
     host, ports = closed_ep
     pool = start_controller(host, ports)
     try:
-        p = host.spawn_job("slot3", ["listen", "9000", "120"], job_ad=AD.format(n=73))  # outlives slow restarts
+        p = host.spawn_job("slot3", ["listen", "9000", "45"], job_ad=AD.format(n=73))  # outlives slow restarts
         wait_ready(host, "slot3")
         # The controller loses its state (kill -9 and start), then larkd restarts: its first resync restores it.
         pool.kill_controller()
@@ -110,6 +110,6 @@ def test_restarted_larkd_resyncs_its_jobs_to_the_controller(closed_ep):
             time.sleep(0.2)
         assert [j["job_id"] for j in st["jobs"]] == ["73.0"], host.larkd_log()
         p.kill()
-        p.communicate(timeout=10)
+        p.wait(10)  # the starter; its job ends on its own listen timeout
     finally:
         pool.close()
