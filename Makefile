@@ -54,6 +54,7 @@ bench: deps
 	$(VPY) bench/bandwidth_accuracy.py
 	$(VPY) bench/paper_fig8.py
 	$(VPY) bench/report.py
+	$(VPY) bench/controller.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

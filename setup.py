@@ -11,6 +11,8 @@ setup(
         "htcondor>=24.0",
         "rich>=13",                 # lark report: terminal tables
         "prometheus-client>=0.17",  # larkd: live metrics (off unless metrics_address is set)
+        "os-ken>=4.2,<5",          # lark-controller: the OpenFlow 1.3 side (maintained Ryu fork)
+        "cryptography>=41",        # lark-controller certs: the CA and the mutual-TLS key pairs
     ],
     extras_require={"test": ["pytest", "hypothesis"], "bench": ["matplotlib"],
                     "report": ["matplotlib"]},  # lark report --html charts
@@ -22,6 +24,7 @@ setup(
             "lark-starter=lark.job.starter_wrapper:main",
             "lark-hook=lark.job.update_hook:main",
             "lark-prepare-job=lark.job.prepare_hook:main",
+            "lark-controller=lark.controller.cli:main",
         ]
     },
 )

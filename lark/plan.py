@@ -34,6 +34,7 @@ class NetworkPlan:
     owner: str = ""
     accounting_group: str = ""
     global_job_id: str = ""           # the job's GlobalJobId: `lark report` matches EP records with history by it
+    job_attrs: dict = field(default_factory=dict)   # job ad values forwarded to the SDN controller
     decided_by: dict = field(default_factory=dict)  # field -> what decided it (attribute, expression, callout)
 
     @property

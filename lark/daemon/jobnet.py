@@ -23,6 +23,7 @@ from ..kernel.attach.base import AttachMode
 from ..kernel.ipam import port_pool
 from ..names import JobNames
 from ..plan import JobNetwork, NetworkPlan
+from .controller_client import ControllerClient
 from .pins import merge_usage
 from .records import FinishedStore, JobRecord, RecordStore
 
@@ -42,6 +43,7 @@ class JobNetworker:
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
+        self.controller = ControllerClient(cfg, records)
 
     @property
     def pools(self) -> list:
@@ -117,6 +119,8 @@ class JobNetworker:
                     # job's own netns, where the job has no CAP_NET_ADMIN to change it.
                     job_netns.block_inbound(ns_fd, self.netns_path(plan.key), plan.job_id)
                 self.fw.add_job(net, n)
+                # Before the answer to the wrapper: the pool switch has the job's flows before its program runs.
+                self.controller.register(net, n.job_mac if mode.bridged else "")
                 self.acct.start(plan.key, rec.created, n.host_if if mode.counts_by_link else None)
         finally:
             os.close(ns_fd)
@@ -243,6 +247,8 @@ class JobNetworker:
             rec.phase = "tearing-down"
             errors.run("mark the record", self.records.save, rec)
         errors.run("release the DHCP lease", self._release_lease, key, rec)
+        if rec:
+            errors.run("unregister from the controller", self.controller.unregister, key, rec.job_id)
         ipr = self._host_netlink()
         link = errors.run("read the veth counters", links.link_stats, ipr, n.host_if)
         reading = errors.run(f"remove the {self.fw.name} rules", self.fw.remove_job, n)
