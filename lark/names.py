@@ -26,10 +26,26 @@ def job_key(slot: str) -> str:
     return "h" + hashlib.sha256(slot.encode()).hexdigest()[:11]
 
 
+def host_mac_seed(configured: str = "", machine_id: str = "/etc/machine-id") -> str:
+    """What makes this EP's job MACs its own: the configured `job_mac_seed`, else the machine id.
+
+    Slot names repeat on every EP, so MACs derived from the slot alone collide between EPs that bridge jobs
+    onto one network (found on the pool testbed: two EPs' slot1 jobs with one MAC).
+    """
+    if configured:
+        return configured
+    try:
+        with open(machine_id) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 @dataclass(frozen=True)
 class JobNames:
     key: str
     netns_prefix: str = "lark-"
+    mac_seed: str = ""                  # host_mac_seed(): keeps MACs of equal slot names apart across EPs
 
     @property
     def netns(self) -> str:
@@ -51,7 +67,8 @@ class JobNames:
     def job_mac(self) -> str:
         """The job's MAC on bridged networks: locally administered, unicast, derived from the key so that
         anti-spoofing rules and teardown never need to read it back from the kernel."""
-        h = hashlib.sha256(("mac:" + self.key).encode()).digest()
+        text = f"mac:{self.mac_seed}:{self.key}" if self.mac_seed else "mac:" + self.key
+        h = hashlib.sha256(text.encode()).digest()
         return "02:" + ":".join(f"{b:02x}" for b in h[:5])
 
 

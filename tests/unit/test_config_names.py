@@ -2,7 +2,7 @@ import pytest
 
 from lark import config
 from lark.errors import LarkError
-from lark.names import JobNames, job_key, key_from_host_if
+from lark.names import JobNames, host_mac_seed, job_key, key_from_host_if
 
 
 def test_defaults_are_valid():
@@ -55,3 +55,18 @@ def test_job_key_is_safe_for_kernel_names():
 def test_trailing_newline_and_hostile_interface_names_rejected(name):
     with pytest.raises(LarkError, match="uplink"):
         config.Config(uplink=name).validate()
+
+
+def test_job_macs_differ_between_eps_for_the_same_slot(tmp_path):
+    # Every EP has a slot1: on one bridged network their jobs must not share a MAC.
+    ep1, ep2 = JobNames("slot1", mac_seed="ep1"), JobNames("slot1", mac_seed="ep2")
+    assert ep1.job_mac != ep2.job_mac
+    assert ep1.job_mac == JobNames("slot1", mac_seed="ep1").job_mac  # teardown recomputes the same one
+    assert int(ep1.job_mac.split(":")[0], 16) & 0b11 == 0b10  # locally administered, unicast
+    mid = tmp_path / "machine-id"
+    mid.write_text("0123456789abcdef\n")
+    assert host_mac_seed("", str(mid)) == "0123456789abcdef"
+    assert host_mac_seed("rack7-ep3", str(mid)) == "rack7-ep3"
+    assert host_mac_seed("", str(tmp_path / "none")) == ""
+    with pytest.raises(LarkError, match="job_mac_seed"):
+        config.Config(job_mac_seed="a b").validate()
