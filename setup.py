@@ -9,6 +9,8 @@ setup(
     install_requires=[
         "pyroute2>=0.9,<0.10",
         "htcondor>=24.0",
+        "os-ken>=4.2,<5",          # lark-controller: the OpenFlow 1.3 side (maintained Ryu fork)
+        "cryptography>=41",        # lark-controller certs: the CA and the mutual-TLS key pairs
     ],
     extras_require={"test": ["pytest", "hypothesis"], "bench": ["matplotlib"]},
     entry_points={
@@ -19,6 +21,7 @@ setup(
             "lark-starter=lark.job.starter_wrapper:main",
             "lark-hook=lark.job.update_hook:main",
             "lark-prepare-job=lark.job.prepare_hook:main",
+            "lark-controller=lark.controller.cli:main",
         ]
     },
 )

@@ -68,6 +68,15 @@ class Config:
     ovs_db: str = "unix:/var/run/openvswitch/db.sock"
     ovs_rundir: str = "/var/run/openvswitch"   # where ovs-vswitchd puts <bridge>.mgmt
     ovs_datapath: str = "auto"          # "system" (kernel module), "netdev" (userspace), or auto-detect
+    # The pool's SDN controller (lark-controller, docs/controller.md): bridged jobs are registered there.
+    controller_url: str = ""            # e.g. "https://10.77.0.2:8443"; "" = no controller
+    controller_ca: str = "/etc/lark/controller/ca.pem"    # the CA that signed the controller's certificate
+    controller_cert: str = "/etc/lark/controller/ep.pem"  # this EP's client certificate (its name = the EP)
+    controller_key: str = "/etc/lark/controller/ep.key"
+    controller_timeout: float = 2.0     # seconds to wait for the controller's acknowledgement of a job's flows
+    controller_failure: str = "closed"  # controller unreachable: "closed" refuses the job, "open" starts it
+    controller_resync: float = 30.0     # seconds between full resyncs of this EP's job list (and after restarts)
+    controller_attributes: list[str] = field(default_factory=list)  # job ad attributes the SDN policies name
 
     @property
     def records_dir(self) -> str:
@@ -166,6 +175,16 @@ class Config:
             if not lo6 <= hi6 or int(hi6) - int(lo6) > 1 << 20:
                 raise bad("bridge_range6", f"{self.bridge_range6} is empty or larger than 2^20 addresses",
                           "give first-last of at most a million addresses")
+        if self.controller_url and not re.fullmatch(r"https://[\w.\[\]:-]+(:\d+)?/?", self.controller_url):
+            raise bad("controller_url", f"{self.controller_url!r} is not an https URL",
+                      'write e.g. "https://10.77.0.2:8443" (mutual TLS), or "" for no controller')
+        if self.controller_failure not in ("closed", "open"):
+            raise bad("controller_failure", f"unknown mode {self.controller_failure!r}", "use closed or open")
+        if self.controller_timeout <= 0 or self.controller_resync <= 0:
+            raise bad("controller_timeout", "controller timeouts and intervals must be positive", "use seconds")
+        if any(not re.fullmatch(r"[A-Za-z_]\w{0,99}", a) for a in self.controller_attributes):
+            raise bad("controller_attributes", f"{self.controller_attributes} is not a list of attribute names",
+                      'write e.g. ["AcctGroup", "ProjectName"]')
         self.default_bandwidth = str(self.default_bandwidth)
         if self.default_bandwidth not in ("unlimited", "share"):
             try:

@@ -41,11 +41,21 @@ def host_mac_seed(configured: str = "", machine_id: str = "/etc/machine-id") -> 
         return ""
 
 
+_process_mac_seed = ""
+
+
+def set_process_mac_seed(seed: str) -> None:
+    """larkd sets its seed once at start, so every JobNames made in the process (also by code that builds them
+    from a key alone, such as the controller client's resync) computes the same MACs."""
+    global _process_mac_seed
+    _process_mac_seed = seed
+
+
 @dataclass(frozen=True)
 class JobNames:
     key: str
     netns_prefix: str = "lark-"
-    mac_seed: str = ""                  # host_mac_seed(): keeps MACs of equal slot names apart across EPs
+    mac_seed: str | None = None         # None: the process's seed (set_process_mac_seed); keeps EPs' MACs apart
 
     @property
     def netns(self) -> str:
@@ -67,7 +77,8 @@ class JobNames:
     def job_mac(self) -> str:
         """The job's MAC on bridged networks: locally administered, unicast, derived from the key so that
         anti-spoofing rules and teardown never need to read it back from the kernel."""
-        text = f"mac:{self.mac_seed}:{self.key}" if self.mac_seed else "mac:" + self.key
+        seed = _process_mac_seed if self.mac_seed is None else self.mac_seed
+        text = f"mac:{seed}:{self.key}" if seed else "mac:" + self.key
         h = hashlib.sha256(text.encode()).digest()
         return "02:" + ":".join(f"{b:02x}" for b in h[:5])
 

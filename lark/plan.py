@@ -31,6 +31,7 @@ class NetworkPlan:
     gateway6: str | None = None
     inbound_port: int | None = None   # NAT mode with InboundConnectivity: host port forwarded to the job
     dhcp: dict | None = None          # AddressType dhcp: the lease (address, server, times), see dhcp.Lease
+    job_attrs: dict = field(default_factory=dict)   # job ad values forwarded to the SDN controller
     decided_by: dict = field(default_factory=dict)  # field -> what decided it (attribute, expression, callout)
 
     @property

@@ -21,8 +21,9 @@ from ..kernel.firewall.base import Firewall
 from ..kernel.attach import make_modes
 from ..kernel.attach.base import AttachMode
 from ..kernel.ipam import port_pool
-from ..names import JobNames, host_mac_seed
+from ..names import JobNames, host_mac_seed, set_process_mac_seed
 from ..plan import NetworkPlan
+from .controller_client import ControllerClient
 from .records import FinishedStore, JobRecord, RecordStore
 
 log = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class JobNetworker:
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
         self.mac_seed = host_mac_seed(cfg.job_mac_seed)
+        set_process_mac_seed(self.mac_seed)
+        self.controller = ControllerClient(cfg, records)
 
     @property
     def pools(self) -> list:
@@ -117,6 +120,8 @@ class JobNetworker:
                     # job's own netns, where the job has no CAP_NET_ADMIN to change it.
                     job_netns.block_inbound(ns_fd, self.netns_path(plan.key), plan.job_id)
                 self.fw.add_job(plan, n)
+                # Before the answer to the wrapper: the pool switch has the job's flows before its program runs.
+                self.controller.register(plan, n.job_mac if mode.bridged else "")
                 self.acct.start(plan.key, rec.created, n.host_if if mode.counts_by_link else None)
                 rec.steps += ["addressing", "firewall"]
         finally:
@@ -235,6 +240,8 @@ class JobNetworker:
             rec.phase = "tearing-down"
             self.records.save(rec)
         self._release_lease(key, rec)
+        if rec:
+            self.controller.unregister(key, rec.job_id)
         ipr = self._host_netlink()
         link = links.link_stats(ipr, n.host_if)
         reading = self.fw.remove_job(n)

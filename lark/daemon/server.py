@@ -282,6 +282,7 @@ class Larkd:
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, stop.set)
         poll = asyncio.ensure_future(self.poller())
+        self.net.controller.start()  # full resync with the pool's SDN controller now and periodically
         log.info("larkd %s listening on %s (firewall %s, subnet %s, uplink %s)", __version__, path, self.fw.name,
                  self.cfg.subnet, self.cfg.uplink)
         await stop.wait()

@@ -281,5 +281,15 @@ def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: 
         address_type=address_type, request_bandwidth_mbit=request_bw, rate_limit_mbit=rate_limit, vlan=vlan,
         owner=_string_or_empty(job, "Owner"),
         accounting_group=_string_or_empty(job, "AcctGroup") or _string_or_empty(job, "AccountingGroup"),
-        decided_by=d.decided_by,
+        job_attrs=forwarded_attrs(job, cfg.controller_attributes), decided_by=d.decided_by,
     )
+
+
+def forwarded_attrs(job: classad2.ClassAd, names: list[str]) -> dict:
+    """The job attributes the pool's SDN policies name, as plain values (the controller re-evaluates them)."""
+    out = {}
+    for name in names:
+        v = _py(job.eval(name)) if name in job else None
+        if isinstance(v, (str, int, float, bool)):
+            out[name] = v
+    return out

@@ -2,7 +2,7 @@ import pytest
 
 from lark import config
 from lark.errors import LarkError
-from lark.names import JobNames, host_mac_seed, job_key, key_from_host_if
+from lark.names import JobNames, host_mac_seed, job_key, key_from_host_if, set_process_mac_seed
 
 
 def test_defaults_are_valid():
@@ -68,5 +68,12 @@ def test_job_macs_differ_between_eps_for_the_same_slot(tmp_path):
     assert host_mac_seed("", str(mid)) == "0123456789abcdef"
     assert host_mac_seed("rack7-ep3", str(mid)) == "rack7-ep3"
     assert host_mac_seed("", str(tmp_path / "none")) == ""
+    # JobNames made from a key alone (e.g. by the controller client's resync) use the process's seed.
+    set_process_mac_seed("ep2")
+    try:
+        assert JobNames("slot1").job_mac == ep2.job_mac
+    finally:
+        set_process_mac_seed("")
+    assert JobNames("slot1").job_mac == JobNames("slot1", mac_seed="").job_mac != ep1.job_mac
     with pytest.raises(LarkError, match="job_mac_seed"):
         config.Config(job_mac_seed="a b").validate()

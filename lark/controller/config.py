@@ -1,0 +1,153 @@
+"""The controller's one TOML file: where it listens, its TLS files, the WAN ports, the site prefixes, the policies."""
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import classad2
+
+from ..errors import LarkError
+
+POLICY_KINDS = ("drop", "slice", "wan_drop", "wan_steer")
+
+
+@dataclass
+class Policy:
+    name: str
+    kind: str          # drop | slice | wan_drop | wan_steer
+    select: str        # ClassAd expression over the job ad; true selects the job
+    port: str = ""     # wan_steer: the OVS port name the selected jobs' WAN traffic leaves by
+    slice_by: str = "Owner"  # slice: the job attribute whose value names the slice
+
+    def expr(self) -> classad2.ExprTree:
+        return classad2.ExprTree(self.select)
+
+
+@dataclass
+class ControllerConfig:
+    # [openflow]: switches connect here (OpenFlow 1.3)
+    openflow_host: str = "0.0.0.0"
+    openflow_port: int = 6653
+    # Optional OpenFlow over TLS: the switch presents a cert signed by `ca`; empty = plain TCP
+    openflow_tls: bool = False
+    # [api]: larkd registers jobs here over mutual TLS
+    api_host: str = "0.0.0.0"
+    api_port: int = 8443
+    ca: str = "/etc/lark/controller/ca.pem"
+    cert: str = "/etc/lark/controller/controller.pem"
+    key: str = "/etc/lark/controller/controller.key"
+    # Certificate common names allowed to act for any EP (e.g. an operator's tool); EPs act only for themselves
+    admin_names: list[str] = field(default_factory=list)
+    # [switch]
+    wan_ports: list[str] = field(default_factory=list)   # OVS port names; the first is the normal WAN exit
+    site_prefixes: list[str] = field(default_factory=list)  # destinations that are not "the WAN"
+    barrier_timeout: float = 2.0         # seconds to wait for each switch to acknowledge a job's flows
+    # Jobs unknown to the controller are removed from switches only after this long since start, so that
+    # every larkd has had its periodic full resync (larkd resyncs every controller_resync seconds).
+    reconcile_grace: float = 30.0
+    reconcile_interval: float = 60.0
+    policies: list[Policy] = field(default_factory=list)
+
+    @property
+    def attributes(self) -> list[str]:
+        """Job attributes the policies name (larkd must forward these: its `controller_attributes`)."""
+        names: set[str] = set()
+        for p in self.policies:
+            names.update(r.split(".")[-1] for r in classad2.ClassAd().externalRefs(p.expr()) if r)
+            if p.kind == "slice":
+                names.add(p.slice_by)
+        return sorted(names)
+
+    def validate(self) -> "ControllerConfig":
+        def bad(key: str, why: str, fix: str) -> LarkError:
+            return LarkError(why, obj=f"controller config key {key!r}", fix=fix)
+
+        for key in ("openflow_port", "api_port"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or not 0 <= v <= 65535:
+                raise bad(key, f"{v!r} is not a port", "use 1-65535 (0 only in tests: any free port)")
+        for key in ("openflow_host", "api_host"):
+            try:
+                ipaddress.ip_address(getattr(self, key))
+            except ValueError:
+                raise bad(key, f"{getattr(self, key)!r} is not an IP address", 'e.g. "0.0.0.0"') from None
+        for prefix in self.site_prefixes:
+            try:
+                ipaddress.ip_network(prefix)
+            except ValueError as e:
+                raise bad("site_prefixes", str(e), 'list networks such as "10.77.0.0/16"') from None
+        if len(set(self.wan_ports)) != len(self.wan_ports):
+            raise bad("wan_ports", f"{self.wan_ports} names a port twice", "list each OVS port name once")
+        if self.barrier_timeout <= 0 or self.reconcile_grace < 0 or self.reconcile_interval <= 0:
+            raise bad("barrier_timeout", "timeouts and intervals must be positive", "use seconds, e.g. 2")
+        names = set()
+        for p in self.policies:
+            where = f"policy {p.name!r}"
+            if p.name in names:
+                raise bad("policy", f"{where} is defined twice", "give every [[policy]] its own name")
+            names.add(p.name)
+            if p.kind not in POLICY_KINDS:
+                raise bad("policy", f"{where} has unknown kind {p.kind!r}", f"use one of {', '.join(POLICY_KINDS)}")
+            try:
+                p.expr()
+            except Exception as e:
+                raise bad("policy", f"{where}: select = {p.select!r} is not a ClassAd expression ({e})",
+                          'write e.g. select = \'Owner == "mallory"\'') from None
+            if p.kind == "wan_steer" and p.port not in self.wan_ports[1:]:
+                raise bad("policy", f"{where} steers to port {p.port!r}, which is not an alternate WAN port",
+                          f"name one of wan_ports after the first: {self.wan_ports[1:]}")
+            if p.kind in ("wan_drop", "wan_steer") and not self.site_prefixes:
+                raise bad("site_prefixes", f"{where} needs to know which destinations are not the WAN",
+                          'set site_prefixes = ["10.77.0.0/16"] under [switch]')
+        return self
+
+
+_SECTIONS = {
+    "openflow": {"host": "openflow_host", "port": "openflow_port", "tls": "openflow_tls"},
+    "api": {"host": "api_host", "port": "api_port", "ca": "ca", "cert": "cert", "key": "key",
+            "admin_names": "admin_names"},
+    "switch": {"wan_ports": "wan_ports", "site_prefixes": "site_prefixes", "barrier_timeout": "barrier_timeout",
+               "reconcile_grace": "reconcile_grace", "reconcile_interval": "reconcile_interval"},
+}
+
+
+def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
+    kw: dict = {}
+    for section, keys in data.items():
+        if section == "policy":
+            continue
+        if section not in _SECTIONS or not isinstance(keys, dict):
+            raise LarkError(f"unknown section [{section}]", obj="controller config",
+                            fix="use [openflow], [api], [switch] and [[policy]] (docs/controller.md)")
+        for key, value in keys.items():
+            if key not in _SECTIONS[section]:
+                raise LarkError(f"unknown key {section}.{key}", obj="controller config",
+                                fix=f"keys of [{section}]: {', '.join(_SECTIONS[section])}")
+            kw[_SECTIONS[section][key]] = value
+    for key in ("ca", "cert", "key"):
+        if key in kw:  # relative TLS paths are relative to the config file, so a config dir can move as a whole
+            kw[key] = os.path.join(base_dir, kw[key])
+    policies = []
+    for i, p in enumerate(data.get("policy", [])):
+        unknown = set(p) - {"name", "kind", "select", "port", "slice_by"}
+        if unknown or "kind" not in p or "select" not in p:
+            raise LarkError(f"[[policy]] number {i + 1} has unknown keys {sorted(unknown)} or lacks kind/select",
+                            obj="controller config", fix="each [[policy]] has name, kind, select (and port)")
+        policies.append(Policy(name=p.get("name", f"policy{i + 1}"), kind=p["kind"], select=p["select"],
+                               port=p.get("port", ""), slice_by=p.get("slice_by", "Owner")))
+    return ControllerConfig(**kw, policies=policies).validate()
+
+
+def load(path: str) -> ControllerConfig:
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise LarkError("file does not exist", obj=f"controller config {path}",
+                        fix="start from policies/sdn.toml") from None
+    except tomllib.TOMLDecodeError as e:
+        raise LarkError(f"not valid TOML: {e}", obj=f"controller config {path}", fix="fix the syntax") from None
+    return from_mapping(data, str(p.parent.resolve()))

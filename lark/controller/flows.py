@@ -1,0 +1,154 @@
+"""Policy compilation: a job's registration and the admin's policies into flow specs (plain data).
+
+Pipeline (OpenFlow 1.3, four tables; the metadata register carries the source job's tags between them):
+  table 0  SOURCE  per job: tag its packets by MAC (and its own IPv4 source: anti-spoofing), or drop a blocked job
+  table 1  SLICE   per sliced job: only packets tagged with the same slice reach its MAC
+  table 2  WAN     per policy (not per job): tagged IP traffic to a non-site destination is dropped or steered
+  table 3  FORWARD NORMAL switching (issue 12 puts per-group meters in front of it)
+Metadata layout: bits 0-31 slice id (0 = not sliced / not a job), bits 32-39 WAN action (0 none, 1 drop,
+2+i steer out wan_ports[i]); bits 40-55 are left for the accounting-group id of issue 12.
+"""
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+from dataclasses import dataclass
+
+import classad2
+
+from .config import ControllerConfig
+from .model import JobReg
+
+log = logging.getLogger(__name__)
+
+T_SOURCE, T_SLICE, T_WAN, T_FORWARD = 0, 1, 2, 3
+SLICE_MASK = 0xFFFFFFFF
+WAN_SHIFT = 32
+WAN_MASK = 0xFF << WAN_SHIFT
+WAN_DROP = 1
+ETH_IP, ETH_IP6 = 0x0800, 0x86DD
+
+
+@dataclass(frozen=True)
+class Flow:
+    table: int
+    priority: int
+    match: tuple            # sorted (field, value) pairs in os-ken OFPMatch names; masked values are (value, mask)
+    action: tuple           # ("drop",) | ("goto", table, metadata, mask) | ("normal",) | ("output", port_name)
+
+    def describe(self) -> str:
+        m = ",".join(f"{k}={v}" for k, v in self.match)
+        return f"table={self.table} priority={self.priority} {m or '*'} -> {' '.join(map(str, self.action))}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    blocked_by: str = ""      # name of the drop policy that selected the job
+    slice_name: str = ""      # "" = not sliced
+    slice_id: int = 0
+    wan_action: int = 0       # 0 none, 1 drop, 2+i steer out wan_ports[i]
+    wan_policy: str = ""
+
+    @property
+    def metadata(self) -> int:
+        return self.slice_id | (self.wan_action << WAN_SHIFT)
+
+
+def job_ad(job: JobReg) -> classad2.ClassAd:
+    """The job ad the policies see: the attributes larkd forwarded, then the fields it always sends."""
+    ad = classad2.ClassAd()
+    for k, v in job.attrs.items():
+        ad[k] = v
+    ad["Owner"] = job.owner
+    if job.accounting_group:
+        ad["AcctGroup"] = job.accounting_group
+        ad.setdefault("AccountingGroup", job.accounting_group)
+    ad["RequestBandwidth"] = job.request_bandwidth_mbit
+    ad["LarkExecutionPoint"] = job.ep
+    ad["LarkJobId"] = job.job_id
+    return ad
+
+
+def slice_id(name: str) -> int:
+    """Stable across controller restarts (old flows on the switch keep meaning the same slice); never 0."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "big") or 1
+
+
+def _selected(expr: classad2.ExprTree, ad: classad2.ClassAd) -> bool:
+    try:
+        return expr.eval(ad) is True   # undefined or error selects nothing
+    except Exception:
+        return False
+
+
+def decide(job: JobReg, cfg: ControllerConfig, exprs: dict | None = None) -> Decision:
+    """The first matching policy of each kind wins, in file order."""
+    exprs = exprs if exprs is not None else {p.name: p.expr() for p in cfg.policies}
+    ad = job_ad(job)
+    blocked, slice_name, wan, wan_policy = "", "", 0, ""
+    for p in cfg.policies:
+        if not _selected(exprs[p.name], ad):
+            continue
+        if p.kind == "drop" and not blocked:
+            blocked = p.name
+        elif p.kind == "slice" and not slice_name:
+            value = ad.eval(p.slice_by) if p.slice_by in ad else None
+            if isinstance(value, (str, int)) and not isinstance(value, bool):
+                slice_name = f"{p.name}:{value}"
+        elif p.kind in ("wan_drop", "wan_steer") and not wan_policy:
+            wan = WAN_DROP if p.kind == "wan_drop" else 2 + cfg.wan_ports.index(p.port)
+            wan_policy = p.name
+    if blocked:
+        return Decision(blocked_by=blocked)
+    return Decision(slice_name=slice_name, slice_id=slice_id(slice_name) if slice_name else 0,
+                    wan_action=wan, wan_policy=wan_policy)
+
+
+def job_flows(job: JobReg, d: Decision) -> list[Flow]:
+    """At most 5 flows for a job with one IPv4 address (one more per extra IPv4 address); 2 when blocked."""
+    mac = job.mac
+    if d.blocked_by:
+        return [Flow(T_SOURCE, 400, (("eth_src", mac),), ("drop",)),
+                Flow(T_SOURCE, 400, (("eth_dst", mac),), ("drop",))]
+    tag = ("goto", T_SLICE, d.metadata, SLICE_MASK | WAN_MASK)
+    flows = [Flow(T_SOURCE, 300, (("eth_src", mac), ("eth_type", ETH_IP), ("ipv4_src", a)), tag) for a in job.ipv4]
+    if job.ipv4:
+        # IPv4 from the job's MAC with any other source address is spoofed: it would escape its slice's tag.
+        flows.append(Flow(T_SOURCE, 290, (("eth_src", mac), ("eth_type", ETH_IP)), ("drop",)))
+    flows.append(Flow(T_SOURCE, 280, (("eth_src", mac),), tag))  # ARP and IPv6: tagged by MAC
+    if d.slice_id:
+        flows += [Flow(T_SLICE, 300, (("eth_dst", mac), ("metadata", (d.slice_id, SLICE_MASK))),
+                       ("goto", T_WAN, 0, 0)),
+                  Flow(T_SLICE, 290, (("eth_dst", mac),), ("drop",))]
+    return flows
+
+
+def base_flows(cfg: ControllerConfig) -> list[Flow]:
+    """The controller's own flows on every switch: table chaining, and the WAN policies aggregated per action
+    (their count depends on the policies and site prefixes, never on the number of jobs)."""
+    flows = [Flow(T_SOURCE, 0, (), ("goto", T_SLICE, 0, 0)),
+             Flow(T_SLICE, 400, (("metadata", (0, SLICE_MASK)),), ("goto", T_WAN, 0, 0)),
+             Flow(T_SLICE, 0, (), ("goto", T_WAN, 0, 0)),
+             Flow(T_WAN, 0, (), ("goto", T_FORWARD, 0, 0)),
+             Flow(T_FORWARD, 0, (), ("normal",))]
+    actions = set()
+    for p in cfg.policies:
+        if p.kind == "wan_drop":
+            actions.add(WAN_DROP)
+        elif p.kind == "wan_steer":
+            actions.add(2 + cfg.wan_ports.index(p.port))
+    for action in sorted(actions):
+        md = ("metadata", (action << WAN_SHIFT, WAN_MASK))
+        verdict = ("drop",) if action == WAN_DROP else ("output", cfg.wan_ports[action - 2])
+        for eth_type, fld in ((ETH_IP, "ipv4_dst"), (ETH_IP6, "ipv6_dst")):
+            # Link-local and multicast IPv6 (neighbour discovery) never leave the site.
+            for prefix in cfg.site_prefixes + (["fe80::/10", "ff00::/8"] if eth_type == ETH_IP6 else []):
+                net = ipaddress.ip_network(prefix)
+                if (net.version == 4) != (eth_type == ETH_IP):
+                    continue
+                flows.append(Flow(T_WAN, 300, (("eth_type", eth_type), md,
+                                                (fld, (str(net.network_address), str(net.netmask)))),
+                                  ("goto", T_FORWARD, 0, 0)))
+            flows.append(Flow(T_WAN, 200, (("eth_type", eth_type), md), verdict))
+    return flows

@@ -1,0 +1,244 @@
+"""The os-ken application: every switch that connects gets the controller's base flows and every registered job's
+flows; changes go out as flow mods followed by a barrier, and a change counts as done only when each switch has
+acknowledged the barrier. Reconciliation removes, by cookie, flows of jobs the controller no longer knows."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+from os_ken.base import app_manager
+from os_ken.controller import ofp_event
+from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
+from os_ken.lib import hub
+from os_ken.ofproto import ofproto_v1_3
+
+from .config import ControllerConfig
+from .flows import Flow, base_flows
+from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
+from .registry import Entry, Registry
+
+log = logging.getLogger("lark.controller")
+
+# Set by `lark-controller run` before the app manager instantiates the app (os-ken creates apps itself).
+CONFIG: ControllerConfig | None = None
+REGISTRY: Registry | None = None
+INSTANCE: "LarkSwitchApp | None" = None
+ALL_COOKIES = 0xFFFFFFFFFFFFFFFF
+
+
+class SwitchError(Exception):
+    """A switch did not acknowledge in time or refused a flow."""
+
+
+@dataclass
+class _Waiter:
+    done: threading.Event = field(default_factory=threading.Event)
+    replies: list = field(default_factory=list)
+
+
+@dataclass
+class Switch:
+    dp: object
+    connected: float = field(default_factory=time.time)
+    ready: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)   # one batch at a time per switch
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {p.name.decode() if isinstance(p.name, bytes) else p.name: no for no, p in self.dp.ports.items()}
+
+
+class LarkSwitchApp(app_manager.OSKenApp):
+    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        global INSTANCE
+        assert CONFIG is not None and REGISTRY is not None, "start the app through `lark-controller run`"
+        self.cfg = CONFIG
+        self.registry = REGISTRY
+        self.base = base_flows(self.cfg)
+        self.switches: dict[int, Switch] = {}
+        self._waiters: dict[tuple[int, int], _Waiter] = {}
+        self._errors: dict[tuple[int, int], str] = {}
+        self._xid_lock = threading.Lock()
+        self.started = time.time()
+        self.last_reconcile: dict[int, dict] = {}
+        INSTANCE = self
+        hub.spawn(self._reconcile_loop)
+
+    # -- switch life cycle ----------------------------------------------------------------------------
+    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
+    def _state_change(self, ev) -> None:
+        dp = ev.datapath
+        if ev.state == MAIN_DISPATCHER and dp.id is not None:
+            sw = self.switches[dp.id] = Switch(dp)
+            log.info("switch %016x connected from %s with ports %s", dp.id, dp.address, sorted(sw.ports))
+            hub.spawn(self._switch_up, sw)
+        elif ev.state == DEAD_DISPATCHER and dp.id is not None:
+            sw = self.switches.get(dp.id)
+            if sw is not None and sw.dp is dp:
+                del self.switches[dp.id]
+                log.warning("switch %016x disconnected; its flows stay and keep working (fail-secure)", dp.id)
+
+    def _switch_up(self, sw: Switch) -> None:
+        """A (re)connected switch: base flows plus every registered job's flows, then reconcile if due."""
+        try:
+            entries = self.registry.entries()
+            self._batch(sw, [(BASE_COOKIE, f, "base") for f in self.base]
+                        + [(e.cookie, f, e.job.name) for e in entries for f in e.flows], [])
+            sw.ready.set()
+            log.info("switch %016x has the base flows and %d jobs' flows", sw.dp.id, len(entries))
+            if self._grace_over():
+                self.reconcile(sw)
+        except Exception as e:
+            log.error("switch %016x: initial flows failed: %s", sw.dp.id, e)
+
+    @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
+    def _port_status(self, ev) -> None:
+        # A WAN port that appears after the switch connected: the steering flows name it, so send them again.
+        sw = self.switches.get(ev.msg.datapath.id)
+        name = ev.msg.desc.name.decode(errors="replace")
+        if sw is not None and sw.ready.is_set() and name in self.cfg.wan_ports:
+            hub.spawn(self._batch, sw, [(BASE_COOKIE, f, "base") for f in self.base], [])
+
+    # -- replies ----------------------------------------------------------------------------------------
+    @set_ev_cls([ofp_event.EventOFPBarrierReply, ofp_event.EventOFPFlowStatsReply], MAIN_DISPATCHER)
+    def _reply(self, ev) -> None:
+        msg = ev.msg
+        w = self._waiters.get((msg.datapath.id, msg.xid))
+        if w is None:
+            return
+        w.replies.append(msg)
+        if not getattr(msg, "flags", 0) & msg.datapath.ofproto.OFPMPF_REPLY_MORE:
+            w.done.set()
+
+    @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
+    def _error(self, ev) -> None:
+        msg = ev.msg
+        self._errors[(msg.datapath.id, msg.xid)] = f"OpenFlow error type {msg.type} code {msg.code}"
+
+    def _send(self, dp, msg) -> int:
+        with self._xid_lock:
+            dp.set_xid(msg)
+        dp.send_msg(msg)
+        return msg.xid
+
+    def _request(self, dp, msg, timeout: float) -> list:
+        with self._xid_lock:
+            dp.set_xid(msg)
+        w = self._waiters[(dp.id, msg.xid)] = _Waiter()
+        try:
+            dp.send_msg(msg)
+            if not w.done.wait(timeout):
+                raise SwitchError(f"switch {dp.id:016x} did not answer {type(msg).__name__} within {timeout} s")
+            return w.replies
+        finally:
+            self._waiters.pop((dp.id, msg.xid), None)
+
+    # -- flow mods --------------------------------------------------------------------------------------
+    def _mod(self, sw: Switch, cookie: int, f: Flow):
+        dp = sw.dp
+        p, o = dp.ofproto_parser, dp.ofproto
+        kind = f.action[0]
+        if kind == "drop":
+            inst = []
+        elif kind == "goto":
+            _, table, md, mask = f.action
+            inst = ([p.OFPInstructionWriteMetadata(md, mask)] if mask else []) + [p.OFPInstructionGotoTable(table)]
+        elif kind == "normal":
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
+        elif kind == "output":
+            port = sw.ports.get(f.action[1])
+            if port is None:
+                log.warning("switch %016x has no port %r: %s not installed there", dp.id, f.action[1], f.describe())
+                return None
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(port)])]
+        else:
+            raise ValueError(f"unknown action {f.action}")
+        return p.OFPFlowMod(dp, cookie=cookie, table_id=f.table, priority=f.priority, command=o.OFPFC_ADD,
+                            match=p.OFPMatch(**dict(f.match)), instructions=inst)
+
+    def _delete(self, sw: Switch, cookie: int, mask: int = ALL_COOKIES):
+        dp = sw.dp
+        p, o = dp.ofproto_parser, dp.ofproto
+        return p.OFPFlowMod(dp, cookie=cookie, cookie_mask=mask, table_id=o.OFPTT_ALL, command=o.OFPFC_DELETE,
+                            out_port=o.OFPP_ANY, out_group=o.OFPG_ANY, match=p.OFPMatch())
+
+    def _batch(self, sw: Switch, adds: list[tuple[int, Flow, str]], removes: list[int]) -> int:
+        """Deletes (by cookie), then adds, then a barrier; returns the number of flows added. Raises SwitchError
+        naming the job when the switch refused a flow or did not acknowledge in time."""
+        dp = sw.dp
+        with sw.lock:
+            sent: dict[int, str] = {}
+            for cookie in removes:
+                self._send(dp, self._delete(sw, cookie))
+            n = 0
+            for cookie, f, who in adds:
+                mod = self._mod(sw, cookie, f)
+                if mod is not None:
+                    sent[self._send(dp, mod)] = who
+                    n += 1
+            self._request(dp, dp.ofproto_parser.OFPBarrierRequest(dp), self.cfg.barrier_timeout)
+            failed = [(who, self._errors.pop((dp.id, xid))) for xid, who in sent.items() if (dp.id, xid) in self._errors]
+            if failed:
+                raise SwitchError(f"switch {dp.id:016x} refused flows of " + "; ".join(f"{w}: {e}" for w, e in failed))
+            return n
+
+    def apply(self, install: list[Entry], remove: list[Entry]) -> dict:
+        """Push a registry change to every connected switch and wait for each barrier."""
+        switches = [sw for sw in list(self.switches.values()) if sw.ready.wait(self.cfg.barrier_timeout)]
+        adds = [(e.cookie, f, e.job.name) for e in install for f in e.flows]
+        removes = [e.cookie for e in remove]
+        errors = []
+        for sw in switches:
+            try:
+                self._batch(sw, adds, removes)
+            except SwitchError as e:
+                errors.append(str(e))
+        return {"switches": len(switches), "flows": len(adds), "removed": len(removes), "errors": errors}
+
+    # -- reconciliation ---------------------------------------------------------------------------------
+    def _grace_over(self) -> bool:
+        return time.time() - self.started >= self.cfg.reconcile_grace
+
+    def switch_cookies(self, sw: Switch) -> dict[int, int]:
+        """Job cookies on the switch, with their number of flows."""
+        dp = sw.dp
+        p, o = dp.ofproto_parser, dp.ofproto
+        req = p.OFPFlowStatsRequest(dp, 0, o.OFPTT_ALL, o.OFPP_ANY, o.OFPG_ANY, JOB_COOKIE_TAG, COOKIE_TAG_MASK,
+                                    p.OFPMatch())
+        counts: dict[int, int] = {}
+        for reply in self._request(dp, req, max(self.cfg.barrier_timeout, 5.0)):
+            for stat in reply.body:
+                counts[stat.cookie] = counts.get(stat.cookie, 0) + 1
+        return counts
+
+    def reconcile(self, sw: Switch) -> dict:
+        """Remove the flows of every job cookie on the switch that no registered job owns."""
+        known = self.registry.cookies()
+        on_switch = self.switch_cookies(sw)
+        stale = [c for c in on_switch if c not in known]
+        if stale:
+            self._batch(sw, [], stale)
+            log.info("switch %016x: removed the flows of %d jobs that are gone (cookies %s)", sw.dp.id, len(stale),
+                     ", ".join(f"{c:#x}" for c in stale[:10]))
+        result = {"at": time.time(), "stale_removed": len(stale), "job_cookies": len(on_switch) - len(stale)}
+        self.last_reconcile[sw.dp.id] = result
+        return result
+
+    def reconcile_all(self) -> None:
+        for sw in list(self.switches.values()):
+            if sw.ready.is_set():
+                try:
+                    self.reconcile(sw)
+                except Exception as e:
+                    log.error("switch %016x: reconciliation failed: %s", sw.dp.id, e)
+
+    def _reconcile_loop(self) -> None:
+        time.sleep(self.cfg.reconcile_grace)
+        while True:
+            self.reconcile_all()
+            time.sleep(self.cfg.reconcile_interval)
