@@ -102,7 +102,7 @@ def save_state(s: dict) -> None:
 
 
 def controller_available() -> bool:
-    """lark-controller is built on another branch; the pool runs without it until it is in this tree."""
+    """The pool runs without lark-controller (plain learning switch) where the tree or its venv lacks it."""
     return (REPO / "lark/controller").is_dir() and shutil.which("lark-controller", path=_venv_bin()) is not None
 
 
@@ -375,26 +375,76 @@ def start_master(machine: str, state: dict) -> None:
     save_state(state)
 
 
-def start_controller(state: dict) -> None:
-    """lark-controller in the CM's netns (host venv: it needs os-ken), the switch connected to it."""
-    CERTS.mkdir(parents=True, exist_ok=True)
+# The pool's SDN policies (lark-controller's [[policy]] format, docs/controller.md): the paper's three, selected
+# by ClassAd expressions over the job ad. `make demo-pool` and tests/e2e_pool run jobs that each policy matches.
+SDN_POLICIES = """
+[[policy]]
+name = "blocked-owners"
+kind = "drop"
+select = 'Owner == "carol"'
+
+[[policy]]
+name = "user-slices"
+kind = "slice"
+select = 'true'
+slice_by = "Owner"
+
+[[policy]]
+name = "no-wan-for-students"
+kind = "wan_drop"
+select = 'AcctGroup =?= "students"'
+
+[[policy]]
+name = "bob-via-wan1"
+kind = "wan_steer"
+select = 'Owner == "bob"'
+port = "wan1"
+"""
+
+
+def controller_config() -> str:
+    return (f'[openflow]\nhost = "{MGMT_CM}"\nport = {OPENFLOW_PORT}\n'
+            f'[api]\nhost = "{ADDRESS["cm"]}"\nport = {REGISTRATION_PORT}\n'
+            'ca = "certs/ca.pem"\ncert = "certs/controller.pem"\nkey = "certs/controller.key"\n'
+            '[switch]\nwan_ports = ["wan0", "wan1"]\n'
+            f'site_prefixes = ["{GATEWAY.rsplit(".", 1)[0]}.0/{SITE_PREFIX}"]\n' + SDN_POLICIES)
+
+
+def controller_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     exe = shutil.which("lark-controller", path=_venv_bin())
-    run([exe, "certs", "--dir", str(CERTS), "controller", *EPS])
+    return run(in_ns("cm", [exe, *args]), check=check)
+
+
+def start_controller(state: dict) -> None:
+    """lark-controller in the CM's netns (from this tree's venv: it needs os-ken), the core switch its client.
+
+    Certificates from `lark-controller certs`: the controller's names its API address (larkd checks it), each
+    EP's certificate name is the EP's identity at the controller."""
+    shutil.rmtree(CERTS, ignore_errors=True)
+    controller_cli("certs", "--dir", str(CERTS), f"controller={ADDRESS['cm']}", *EPS)
     conf = POOL / "controller.toml"
-    policies = REPO / "policies/sdn.toml"
-    conf.write_text(
-        f'[openflow]\nlisten = "{MGMT_CM}"\nport = {OPENFLOW_PORT}\n'
-        f'[api]\nlisten = "{ADDRESS["cm"]}"\nport = {REGISTRATION_PORT}\n'
-        f'ca = "{CERTS}/ca.pem"\ncert = "{CERTS}/controller.pem"\nkey = "{CERTS}/controller.key"\n'
-        f'[switch]\nwan_ports = ["wan0", "wan1"]\n'
-        + (f'[policies]\nfile = "{policies}"\n' if policies.exists() else ""))
+    conf.write_text(controller_config())
     out = open(POOL / "controller.log", "a")
+    exe = shutil.which("lark-controller", path=_venv_bin())
     p = subprocess.Popen(in_ns("cm", [exe, "run", "--config", str(conf)]), stdout=out, stderr=out)
     state["pids"]["controller"] = p.pid
     save_state(state)
-    # secure: with the controller down the switch keeps the flows it has and learns nothing by itself.
+    # secure: without a controller the switch keeps the flows it has and never falls back to learning.
     vsctl("set", "bridge", SWITCH, "fail_mode=secure", "--", "set-controller", SWITCH,
           f"tcp:{MGMT_CM}:{OPENFLOW_PORT}")
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        cp = controller_cli("status", "--config", str(conf), "--json", check=False)
+        try:
+            if cp.returncode == 0 and any(sw.get("ready") for sw in json.loads(cp.stdout)["switches"]):
+                log.info("lark-controller up, switch %s connected", SWITCH)
+                return
+        except (ValueError, KeyError):
+            pass
+        if p.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise RuntimeError(f"pool: lark-controller did not get the switch ready; see {POOL}/controller.log")
 
 
 def start() -> None:
@@ -418,8 +468,8 @@ def start() -> None:
             start_master(m, state)
         wait_ready()
     except BaseException:
-        log.error("pool: start failed; tearing down (logs in %s)", POOL)
-        down(keep_logs=True)
+        log.error("pool: start failed; tearing down (logs in %s)", POOL / "last-run")
+        down()
         raise
     log.info("pool up: cm %s, %s; WAN server %s (links wan0, wan1); switch %s in %score",
              ADDRESS["cm"], ", ".join(f"{ep} {ADDRESS[ep]} jobs {JOB_RANGE[ep]}" for ep in EPS), WAN_SERVER,
@@ -440,7 +490,7 @@ def wait_ready(timeout: float = 120) -> None:
             return
         time.sleep(1)
     raise RuntimeError(f"pool: EP slots not in the collector after {timeout:.0f} s (saw {seen!r}); "
-                       f"see {POOL}/*/root/var/log/condor")
+                       f"see {POOL}/last-run/*/condor")
 
 
 # -- stop -------------------------------------------------------------------------------------------------------
@@ -459,7 +509,7 @@ def _kill(pid: int, name: str, grace: float = 5) -> None:
         tb._wait_gone(pid, 5)
 
 
-def down(keep_logs: bool = False) -> None:
+def down() -> None:
     state = load_state()
     pids: dict = state.get("pids", {})
     for m in reversed(MACHINES):
@@ -484,10 +534,20 @@ def down(keep_logs: bool = False) -> None:
     for name in NAMESPACES:
         if Path(ns_path(name)).exists():
             run(["ip", "netns", "del", f"{PREFIX}{name}"], check=False)
-    if not keep_logs:
+    # The last run's logs and job directories stay in POOL/last-run for a look after the fact.
+    last = POOL / "last-run"
+    if any((POOL / m / "upper").exists() for m in MACHINES) or HOME.exists():
+        shutil.rmtree(last, ignore_errors=True)
+        last.mkdir(parents=True)
         for m in MACHINES:
-            shutil.rmtree(POOL / m, ignore_errors=True)
-        shutil.rmtree(HOME, ignore_errors=True)
+            if (POOL / m / "upper/var/log").exists():
+                shutil.move(POOL / m / "upper/var/log", last / m)
+        for f in POOL.glob("*.log"):
+            shutil.copy(f, last / f.name)
+        if HOME.exists():
+            shutil.move(HOME, last / "home")
+    for m in MACHINES:
+        shutil.rmtree(POOL / m, ignore_errors=True)
     shutil.rmtree(OVS_DIR, ignore_errors=True)
     STATE.unlink(missing_ok=True)
     log.info("pool down")

@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pool
 
@@ -88,6 +89,13 @@ class ProbeJob:
         return pool.HOME / self.user / self.dir(run)
 
 
+def policy_jobs() -> list[ProbeJob]:
+    """The jobs that show pool.SDN_POLICIES: two owners on both EPs, a students job, a dropped owner."""
+    return [ProbeJob("alice", "ep1"), ProbeJob("bob", "ep1"),
+            ProbeJob("alice", "ep2", "accounting_group = students"), ProbeJob("bob", "ep2"),
+            ProbeJob("carol", "ep2")]
+
+
 def submit_file(job: ProbeJob) -> str:
     return (f'executable = /usr/bin/python3\n'
             f'arguments = "probe.py {job.label} {pool.JOB_PORT} {pool.WAN_SERVER} {pool.GATEWAY}"\n'
@@ -115,8 +123,11 @@ def _why(jobs: list[ProbeJob]) -> str:
     return cp.stdout.strip().replace("\n", "; ") or "not in the queue"
 
 
-def run_probes(jobs: list[ProbeJob], run: str = "probe", timeout: float = 180) -> list[ProbeJob]:
-    """Submit one probe job per entry, let every job try every other one and the WAN, collect the answers."""
+def run_probes(jobs: list[ProbeJob], run: str = "probe", timeout: float = 180,
+               while_running: Callable[[], None] | None = None) -> list[ProbeJob]:
+    """Submit one probe job per entry, let every job try every other one and the WAN, collect the answers.
+
+    `while_running` is called once all answers are in and before the jobs are let go (their networks exist)."""
     for j in jobs:
         j.cluster = pool.submit_as(j.user, j.dir(run), submit_file(j), files={"probe.py": PROGRAM})
         log.info("%s: job %d.0", j.label, j.cluster)
@@ -130,6 +141,8 @@ def run_probes(jobs: list[ProbeJob], run: str = "probe", timeout: float = 180) -
         _wait_files(jobs, run, "results.json", 60)
         for j in jobs:
             j.seen = json.loads((j.path(run) / "results.json").read_text())
+        if while_running:
+            while_running()
     finally:
         for j in jobs:
             if j.path(run).exists():
@@ -158,13 +171,15 @@ def wait_gone(clusters: list[int], timeout: float = 60) -> None:
 
 
 def table(jobs: list[ProbeJob]) -> str:
-    """One row per job: what it reached (peers by user@ep, and the WAN link its request came in on)."""
+    """One row per job: what it reached (peers by user@ep, * where both are on one EP; the WAN link its request
+    came in on)."""
     heads = ["job", "owner", "address", *[o.label for o in jobs], "WAN"]
     rows = [heads]
     for j in jobs:
         cells = [f"{j.cluster}.0", j.label, j.address]
         for o in jobs:
-            cells.append("-" if o is j else _short(j.seen.get(o.label, "?")))
+            same_ep = "*" if o.ep == j.ep else ""
+            cells.append("-" if o is j else _short(j.seen.get(o.label, "?")) + same_ep)
         wan = j.seen.get("wan", "?")
         cells.append(f"via {wan}" if wan in ("wan0", "wan1") else _short(wan))
         rows.append(cells)
