@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-switch iperf3 \
                 containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates
 
-.PHONY: deps test unit integration e2e testbed demo demo-fake bench clean
+.PHONY: deps test unit integration e2e testbed demo demo-pool demo-fake bench clean
 
 deps: $(VENV)/.installed
 
@@ -41,6 +41,12 @@ e2e: deps
 # The main job: a real pool (testbed), jobs from three users, one table from condor_history, pool stopped.
 demo: deps
 	$(VPY) demo/pool_demo.py
+
+# The pool (paper section VI): a central manager and two EPs with their own larkd, a core Open vSwitch run by
+# lark-controller, a WAN behind two links; jobs of three users show what each policy lets them reach. Shares the
+# testbed's chroot root, hence the lock.
+demo-pool: deps
+	flock /tmp/lark-testbed.lock $(VPY) demo/pool_policies_demo.py
 
 # The same ideas without HTCondor: a stand-in starter on a fake execution point (no chroot needed).
 demo-fake: deps

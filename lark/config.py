@@ -71,6 +71,9 @@ class Config:
     bridge_range6: str = ""             # bridged IPv6 job addresses, "first-last"; "" = no IPv6 when bridged
     bridge_prefix6: int = 64
     bridge_gateway6: str = ""
+    # Mixed into bridged jobs' MACs so that EPs on one network never hand out the same MAC for equal slot
+    # names; "" = this machine's /etc/machine-id. Set it per EP where EPs share a machine id (cloned images).
+    job_mac_seed: str = ""
     dhcp_release: bool = False          # release a job's lease when it ends (else cache it for the slot's next job)
     dhcp_renew_interval: float = 0.0    # renew at least this often (s); 0: at the server's T1 only
     # Open vSwitch mode ("ovs_bridge"): same addressing keys as bridge mode.
@@ -159,6 +162,8 @@ class Config:
             v = getattr(self, key)
             if (v or key.endswith("_name")) and not IFNAME_RE.fullmatch(v):
                 raise bad(key, f"{v!r} is not a valid interface name", "use a name `ip link` would accept")
+        if not re.fullmatch(r"[A-Za-z0-9_.:@-]{0,64}", self.job_mac_seed):
+            raise bad("job_mac_seed", f"{self.job_mac_seed!r} is not a plain name", "letters, digits and _.:@-")
         if self.ovs_datapath not in ("auto", "system", "netdev"):
             raise bad("ovs_datapath", f"unknown datapath {self.ovs_datapath!r}", "use auto, system or netdev")
         if not re.fullmatch(r"(unix:|tcp:|ssl:)[\w./:\[\]-]+", self.ovs_db):

@@ -37,10 +37,36 @@ def job_key(slot: str) -> str:
     return "h" + hashlib.sha256(slot.encode()).hexdigest()[:KEY_MAX - 1]
 
 
+def host_mac_seed(configured: str = "", machine_id: str = "/etc/machine-id") -> str:
+    """What makes this EP's job MACs its own: the configured `job_mac_seed`, else the machine id.
+
+    Slot names repeat on every EP, so MACs derived from the slot alone collide between EPs that bridge jobs
+    onto one network (found on the pool testbed: two EPs' slot1 jobs with one MAC).
+    """
+    if configured:
+        return configured
+    try:
+        with open(machine_id) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+_process_mac_seed = ""
+
+
+def set_process_mac_seed(seed: str) -> None:
+    """larkd sets its seed once at start, so every JobNames made in the process (also by code that builds them
+    from a key alone, such as the controller client's resync) computes the same MACs."""
+    global _process_mac_seed
+    _process_mac_seed = seed
+
+
 @dataclass(frozen=True)
 class JobNames:
     key: str
     netns_prefix: str = DEFAULT_NETNS_PREFIX
+    mac_seed: str | None = None         # None: the process's seed (set_process_mac_seed); keeps EPs' MACs apart
 
     @property
     def netns(self) -> str:
@@ -62,7 +88,9 @@ class JobNames:
     def job_mac(self) -> str:
         """The job's MAC on bridged networks: locally administered, unicast, derived from the key so that
         anti-spoofing rules and teardown never need to read it back from the kernel."""
-        h = hashlib.sha256(("mac:" + self.key).encode()).digest()
+        seed = _process_mac_seed if self.mac_seed is None else self.mac_seed
+        text = f"mac:{seed}:{self.key}" if seed else "mac:" + self.key
+        h = hashlib.sha256(text.encode()).digest()
         return "02:" + ":".join(f"{b:02x}" for b in h[:5])
 
 

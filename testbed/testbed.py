@@ -85,16 +85,19 @@ def submit_as(user: str, name: str, body: str) -> int:
     return int(cp.stdout.split(".")[0])
 
 
-def load_state() -> dict:
+def load_state(path: Path = STATE) -> dict:
     try:
-        return json.loads(STATE.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def save_state(s: dict) -> None:
-    STATE.parent.mkdir(parents=True, exist_ok=True)
-    STATE.write_text(json.dumps(s))
+def save_state(s: dict, path: Path = STATE) -> None:
+    """Written whole and renamed into place: a crash mid-write leaves the previous state (pool.py shares it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(s))
+    tmp.rename(path)
 
 
 # -- build --------------------------------------------------------------------------------------------------

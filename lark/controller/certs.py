@@ -37,6 +37,8 @@ def _load_or_make_ca(d: Path):
             .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
+            # Python >= 3.13 verifies strictly (VERIFY_X509_STRICT): key identifiers are required.
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
     _write_key(ca_key, key)
     ca_pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -69,6 +71,8 @@ def make(directory: str, specs: list[str]) -> list[str]:
                 .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
                 .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                 .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+                               critical=False)
                 .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
                                                       ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
                 .sign(ca_key, hashes.SHA256()))

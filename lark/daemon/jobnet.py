@@ -21,7 +21,7 @@ from ..kernel.firewall.base import Firewall
 from ..kernel.attach import make_modes
 from ..kernel.attach.base import AttachMode
 from ..kernel.ipam import port_pool
-from ..names import JobNames
+from ..names import JobNames, host_mac_seed, set_process_mac_seed
 from ..plan import JobNetwork, NetworkPlan
 from .controller_client import ControllerClient
 from .pins import merge_usage
@@ -43,6 +43,8 @@ class JobNetworker:
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
+        self.mac_seed = host_mac_seed(cfg.job_mac_seed)
+        set_process_mac_seed(self.mac_seed)
         self.controller = ControllerClient(cfg, records)
 
     @property
@@ -55,7 +57,7 @@ class JobNetworker:
         return [*self.modes, "none"]
 
     def names(self, key: str) -> JobNames:
-        return JobNames(key, self.cfg.netns_prefix)
+        return JobNames(key, self.cfg.netns_prefix, self.mac_seed)
 
     def netns_path(self, key: str) -> str:
         return os.path.join(self.cfg.netns_dir, self.names(key).netns)

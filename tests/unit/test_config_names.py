@@ -4,7 +4,8 @@ from hypothesis import strategies as st
 
 from lark import config
 from lark.errors import LarkError
-from lark.names import KEY_MAX, NFT_JOB_PREFIX, JobNames, is_job_key, job_key, key_from_host_if
+from lark.names import (KEY_MAX, NFT_JOB_PREFIX, JobNames, host_mac_seed, is_job_key, job_key,
+                        key_from_host_if, set_process_mac_seed)
 
 
 def test_defaults_are_valid():
@@ -77,3 +78,23 @@ def test_names_that_no_job_key_can_have_are_not_taken_for_jobs():
     assert key_from_host_if("lk-a.b") is None
     assert key_from_host_if("eth0") is None
     assert not is_job_key("") and not is_job_key("a-b")
+def test_job_macs_differ_between_eps_for_the_same_slot(tmp_path):
+    # Every EP has a slot1: on one bridged network their jobs must not share a MAC.
+    ep1, ep2 = JobNames("slot1", mac_seed="ep1"), JobNames("slot1", mac_seed="ep2")
+    assert ep1.job_mac != ep2.job_mac
+    assert ep1.job_mac == JobNames("slot1", mac_seed="ep1").job_mac  # teardown recomputes the same one
+    assert int(ep1.job_mac.split(":")[0], 16) & 0b11 == 0b10  # locally administered, unicast
+    mid = tmp_path / "machine-id"
+    mid.write_text("0123456789abcdef\n")
+    assert host_mac_seed("", str(mid)) == "0123456789abcdef"
+    assert host_mac_seed("rack7-ep3", str(mid)) == "rack7-ep3"
+    assert host_mac_seed("", str(tmp_path / "none")) == ""
+    # JobNames made from a key alone (e.g. by the controller client's resync) use the process's seed.
+    set_process_mac_seed("ep2")
+    try:
+        assert JobNames("slot1").job_mac == ep2.job_mac
+    finally:
+        set_process_mac_seed("")
+    assert JobNames("slot1").job_mac == JobNames("slot1", mac_seed="").job_mac != ep1.job_mac
+    with pytest.raises(LarkError, match="job_mac_seed"):
+        config.Config(job_mac_seed="a b").validate()

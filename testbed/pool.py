@@ -1,0 +1,606 @@
+#!/usr/bin/env python3
+"""The Lark pool testbed: a multi-machine HTCondor pool on one machine (paper section VI).
+
+Every machine is a network namespace (lark-pool-*):
+  cm     central manager: collector, negotiator, schedd (and lark-controller when the tree has it)
+  ep1/2  execution points: condor_master + startd + their own larkd; jobs bridged onto the site network
+  core   the "core switch": a private Open vSwitch (userspace datapath), bridge core0, one port per machine
+  wan    behind the core switch over two links (ports wan0, wan1): HTTP (which link?, files, upload sink), iperf3
+
+The HTCondor machines run from the one-machine testbed's chroot root (testbed/testbed.py builds it), each
+through its own overlay mount, so every machine has its own /etc, /var/lib/condor, /run; /home is one shared
+directory bind-mounted into all of them (like NFS homes on a real site). docs/pool.md explains the choices.
+
+  pool.py up       build/install the shared root (testbed.py), then start the pool; waits for both EPs' slots
+  pool.py down     everything stopped by PID, unmounted, namespaces removed. Safe to repeat
+  pool.py status
+Standard library only. The shared root is the testbed's: wrap every use in `flock /tmp/lark-testbed.lock`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import testbed as tb  # noqa: E402
+
+log = logging.getLogger("pool")
+REPO = tb.REPO
+POOL = Path(os.environ.get("LARK_POOL_DIR", str(tb.CACHE / "pool")))
+STATE = POOL / "state.json"
+HOME = POOL / "home"
+OVS_DIR = POOL / "ovs"
+CERTS = POOL / "certs"
+USERS = tb.USERS
+
+PREFIX = "lark-pool-"
+MACHINES = ["cm", "ep1", "ep2"]           # HTCondor machines (each an overlay root and a netns)
+EPS = ["ep1", "ep2"]
+NAMESPACES = [*MACHINES, "core", "wan"]
+# One flat site subnet: jobs on different EPs are stations on the same L2 network, so they reach each other's
+# addresses through the core switch without routing, and the switch sees every job's own MAC and address.
+SITE_PREFIX = 24
+GATEWAY = "10.77.0.1"                     # the WAN router (w0 in the wan netns)
+ADDRESS = {"cm": "10.77.0.2", "ep1": "10.77.0.11", "ep2": "10.77.0.12"}
+JOB_RANGE = {"ep1": "10.77.0.100-10.77.0.149", "ep2": "10.77.0.150-10.77.0.199"}
+# Both WAN links present the same router MAC, so steering a job's WAN traffic to port wan1 needs no MAC
+# rewrite; w1 answers no ARP (wan0 stays where the switch learns the router) and replies leave through w0.
+WAN_MAC = "02:77:00:00:00:01"
+WAN_SERVER = "203.0.113.10"               # a "remote site" address behind the router
+WAN_HTTP_PORT, WAN_IPERF_PORT = 8000, 5201
+WAN_LINKS = {"w0": "wan0", "w1": "wan1"}  # interface in the wan netns -> core switch port
+SWITCH = "core0"
+# Out-of-band control network between the core switch and the central manager (as on a real site).
+MGMT_CORE, MGMT_CM = "10.78.0.1", "10.78.0.2"
+OPENFLOW_PORT = 6653
+REGISTRATION_PORT = 8443
+JOB_PORT = 20001                          # the probe jobs' listener (inside Lark's inbound_ports)
+
+
+def ns_path(name: str) -> str:
+    return f"/run/netns/{PREFIX}{name}"
+
+
+def in_ns(name: str, argv: list[str]) -> list[str]:
+    return ["nsenter", f"--net={ns_path(name)}", *argv]
+
+
+def root_of(machine: str) -> Path:
+    return POOL / machine / "root"
+
+
+def in_machine(machine: str, argv: list[str], user: str | None = None) -> list[str]:
+    """A command in a machine's root and netns (as `user` when given)."""
+    pre = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "LANG=C.UTF-8"]
+    root = str(root_of(machine))
+    if user:
+        return in_ns(machine, ["chroot", f"--userspec={user}:{user}", root, *pre, f"HOME=/home/{user}",
+                               f"USER={user}", *argv])
+    return in_ns(machine, ["chroot", root, *pre, "HOME=/root", *argv])
+
+
+run = tb.run
+
+
+def load_state() -> dict:
+    return tb.load_state(STATE)
+
+
+def save_state(s: dict) -> None:
+    tb.save_state(s, STATE)
+
+
+def controller_available() -> bool:
+    """The pool runs without lark-controller (plain learning switch) where the tree or its venv lacks it."""
+    return (REPO / "lark/controller").is_dir() and shutil.which("lark-controller", path=_venv_bin()) is not None
+
+
+def _venv_bin() -> str:
+    return os.pathsep.join([str(REPO / ".venv/bin"), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+# -- network ----------------------------------------------------------------------------------------------------
+def _ovs_env() -> dict:
+    d = str(OVS_DIR)
+    return {**os.environ, "OVS_RUNDIR": d, "OVS_LOGDIR": d, "OVS_DBDIR": d, "OVS_SYSCONFDIR": d}
+
+
+def vsctl(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(["ovs-vsctl", f"--db=unix:{OVS_DIR}/db.sock", "--timeout=10", *args], check=check, env=_ovs_env())
+
+
+def start_switch(state: dict) -> None:
+    """A private OVS in the core netns: its own database and rundir, never the system's."""
+    shutil.rmtree(OVS_DIR, ignore_errors=True)
+    OVS_DIR.mkdir(parents=True)
+    env, d = _ovs_env(), OVS_DIR
+    run(["ovsdb-tool", "create", str(d / "conf.db"), "/usr/share/openvswitch/vswitch.ovsschema"], env=env)
+    run(["ovsdb-server", str(d / "conf.db"), f"--remote=punix:{d}/db.sock",
+         "--remote=db:Open_vSwitch,Open_vSwitch,manager_options", f"--pidfile={d}/ovsdb.pid",
+         f"--log-file={d}/ovsdb.log", f"--unixctl={d}/ovsdb.ctl", "--detach"], env=env)
+    state["pids"]["ovsdb-server"] = int((d / "ovsdb.pid").read_text())
+    save_state(state)
+    vsctl("--no-wait", "init")
+    # Veths hand the userspace datapath partial checksums; with its own TSO it finishes them (else TCP fails).
+    vsctl("--no-wait", "set", "Open_vSwitch", ".", "other_config:userspace-tso-enable=true")
+    run(in_ns("core", ["ovs-vswitchd", f"unix:{d}/db.sock", f"--pidfile={d}/vswitchd.pid",
+                       f"--log-file={d}/vswitchd.log", f"--unixctl={d}/vswitchd.ctl", "--detach"]), env=env)
+    state["pids"]["ovs-vswitchd"] = int((d / "vswitchd.pid").read_text())
+    save_state(state)
+    # standalone: a learning switch until a controller takes over (then secure: see start_controller).
+    vsctl("add-br", SWITCH, "--", "set", "bridge", SWITCH, "datapath_type=netdev", "fail_mode=standalone",
+          "other_config:disable-in-band=true")
+
+
+def make_network(state: dict) -> None:
+    for name in NAMESPACES:
+        run(["ip", "netns", "add", f"{PREFIX}{name}"])
+        state["netns"].append(f"{PREFIX}{name}")
+        save_state(state)
+        run(["ip", "-n", f"{PREFIX}{name}", "link", "set", "lo", "up"])
+    start_switch(state)
+    core = f"{PREFIX}core"
+    # Machine uplinks: port <machine> on the switch, eth0 in the machine.
+    for m in MACHINES:
+        run(["ip", "link", "add", "name", m, "netns", core, "type", "veth", "peer", "name", "eth0",
+             "netns", f"{PREFIX}{m}"])
+    for inner, port in WAN_LINKS.items():
+        run(["ip", "link", "add", "name", port, "netns", core, "type", "veth", "peer", "name", inner,
+             "netns", f"{PREFIX}wan"])
+    for port in [*MACHINES, *WAN_LINKS.values()]:
+        run(["ip", "-n", core, "link", "set", port, "up"])
+        vsctl("add-port", SWITCH, port)
+    # Out-of-band control link: switch <-> controller (never crosses the switch it programs).
+    run(["ip", "link", "add", "name", "mgmt0", "netns", core, "type", "veth", "peer", "name", "mgmt0",
+         "netns", f"{PREFIX}cm"])
+    for ns, ip in (("core", MGMT_CORE), ("cm", MGMT_CM)):
+        run(["ip", "-n", f"{PREFIX}{ns}", "addr", "add", f"{ip}/30", "dev", "mgmt0"])
+        run(["ip", "-n", f"{PREFIX}{ns}", "link", "set", "mgmt0", "up"])
+    cm = f"{PREFIX}cm"
+    run(["ip", "-n", cm, "addr", "add", f"{ADDRESS['cm']}/{SITE_PREFIX}", "dev", "eth0"])
+    run(["ip", "-n", cm, "link", "set", "eth0", "up"])
+    run(["ip", "-n", cm, "route", "add", "default", "via", GATEWAY])
+    for ep in EPS:
+        # The EP's bridge exists before larkd starts, with the EP's address on it: larkd adopts it
+        # (bridge_name) and HTCondor binds to an address that never moves.
+        n = f"{PREFIX}{ep}"
+        run(["ip", "-n", n, "link", "add", "lkbr0", "type", "bridge", "stp_state", "0", "forward_delay", "0"])
+        run(["ip", "-n", n, "link", "set", "eth0", "master", "lkbr0", "up"])
+        run(["ip", "-n", n, "addr", "add", f"{ADDRESS[ep]}/{SITE_PREFIX}", "dev", "lkbr0"])
+        run(["ip", "-n", n, "link", "set", "lkbr0", "up"])
+        run(["ip", "-n", n, "route", "add", "default", "via", GATEWAY])
+    wan = f"{PREFIX}wan"
+    for inner in WAN_LINKS:
+        run(["ip", "-n", wan, "link", "set", inner, "address", WAN_MAC])
+    run(["ip", "-n", wan, "addr", "add", f"{GATEWAY}/{SITE_PREFIX}", "dev", "w0"])
+    run(["ip", "-n", wan, "link", "set", "w1", "arp", "off"])
+    run(["ip", "-n", wan, "addr", "add", f"{WAN_SERVER}/32", "dev", "lo"])
+    # Requests steered in through w1 come from addresses routed via w0: no reverse-path filtering here.
+    for key in ("all", "default", "w0", "w1"):
+        run(["ip", "netns", "exec", wan, "sysctl", "-q", "-w", f"net.ipv4.conf.{key}.rp_filter=0"])
+    for inner in WAN_LINKS:
+        run(["ip", "-n", wan, "link", "set", inner, "up"])
+
+
+# -- WAN servers ------------------------------------------------------------------------------------------------
+class WanHandler(BaseHTTPRequestHandler):
+    """GET /link: the core-switch port the request came in on; GET /<file>: bytes; POST: counted and dropped."""
+    server_version = "lark-pool-wan"
+
+    def do_GET(self) -> None:
+        if self.path == "/link":
+            body = self.server.link.encode()  # type: ignore[attr-defined]
+            self._answer(200, body)
+            return
+        f = self.server.files / self.path.lstrip("/")  # type: ignore[attr-defined]
+        if "/" in self.path.lstrip("/") or not f.is_file():
+            self._answer(404, b"no such file\n")
+            return
+        data = f.read_bytes()
+        self._answer(200, data)
+
+    def do_POST(self) -> None:
+        left = int(self.headers.get("Content-Length", "0"))
+        got = 0
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            got += len(chunk)
+            left -= len(chunk)
+        self._answer(200, f"{got} {self.server.link}\n".encode())  # type: ignore[attr-defined]
+
+    def _answer(self, code: int, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, fmt: str, *args) -> None:
+        log.info("%s %s", self.server.link, fmt % args)  # type: ignore[attr-defined]
+
+
+class LinkServer(ThreadingHTTPServer):
+    """One listener per WAN link; the answer to GET /link names the link the request arrived on."""
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self, port: int, link: str, files: Path):
+        self.link, self.files = link, files
+        super().__init__(("0.0.0.0", port), WanHandler)
+
+
+# Requests that come in over link 1 go to their own listener (dnat: `redirect` needs an address on w1). A
+# listener bound to w1 (SO_BINDTODEVICE) would have to answer out of w1 too, and the switch would then learn
+# the router's MAC on wan1; these answer through the routing table, out of w0, like a router with one return path.
+WAN_NFT = f"""table ip lark_pool_wan {{
+  chain prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    iifname "w1" tcp dport {WAN_HTTP_PORT} dnat to {WAN_SERVER}:{WAN_HTTP_PORT + 1}
+    iifname "w1" tcp dport {WAN_IPERF_PORT} dnat to {WAN_SERVER}:{WAN_IPERF_PORT + 1}
+  }}
+}}
+"""
+
+
+def wan_serve(files: Path) -> None:
+    servers = [LinkServer(WAN_HTTP_PORT + i, link, files) for i, link in enumerate(WAN_LINKS.values())]
+    for s in servers[1:]:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    servers[0].serve_forever()
+
+
+def start_wan(state: dict) -> None:
+    www = POOL / "www"
+    www.mkdir(exist_ok=True)
+    f = www / "10M.bin"
+    if not f.exists() or f.stat().st_size != 10_000_000:
+        f.write_bytes(os.urandom(10_000_000))
+    out = open(POOL / "wan.log", "a")
+    http = subprocess.Popen(in_ns("wan", [sys.executable, str(Path(__file__).resolve()), "wan-serve", str(www)]),
+                            stdout=out, stderr=out)
+    state["pids"]["wan-http"] = http.pid
+    run(in_ns("wan", ["nft", "-f", "-"]), input=WAN_NFT)
+    if shutil.which("iperf3"):
+        for i in range(len(WAN_LINKS)):
+            iperf = subprocess.Popen(in_ns("wan", ["iperf3", "-s", "-p", str(WAN_IPERF_PORT + i)]), stdout=out,
+                                     stderr=out)
+            state["pids"][f"wan-iperf3-{i}"] = iperf.pid
+    save_state(state)
+
+
+# -- machines ---------------------------------------------------------------------------------------------------
+def condor_config(machine: str) -> str:
+    common = (
+        "# Lark pool testbed (testbed/pool.py): one machine of a multi-machine pool.\n"
+        f"CONDOR_HOST = {ADDRESS['cm']}\n"
+        f"NETWORK_INTERFACE = {ADDRESS[machine]}\n"
+        "NO_DNS = True\nDEFAULT_DOMAIN_NAME = lark.test\n"
+        "# One user namespace across the pool (same /etc/passwd, shared /home): jobs run as their owner.\n"
+        "UID_DOMAIN = lark.test\nFILESYSTEM_DOMAIN = lark.test\nTRUST_UID_DOMAIN = True\n"
+        "TRUST_DOMAIN = lark-pool\n"
+        "# Daemons authenticate to each other with IDTOKENS minted from the shared pool signing key.\n"
+        "SEC_DEFAULT_AUTHENTICATION_METHODS = FS, IDTOKENS\n"
+        "# The machines share one kernel: nothing to tune per machine (and three masters tuning it at once race).\n"
+        "ENABLE_KERNEL_TUNING = False\n"
+        "UPDATE_INTERVAL = 5\nNEGOTIATOR_INTERVAL = 2\nSCHEDD_INTERVAL = 5\n")
+    if machine == "cm":
+        return common + "DAEMON_LIST = MASTER COLLECTOR NEGOTIATOR SCHEDD\n"
+    return common + (
+        "DAEMON_LIST = MASTER STARTD LARKD\n"
+        "# Static slots: several jobs start at once (a partitionable slot starts them about two at a time).\n"
+        "NUM_CPUS = 4\nMEMORY = 4096\nSLOT_TYPE_1 = cpus=1\nNUM_SLOTS_TYPE_1 = 4\n"
+        "SLOT_TYPE_1_PARTITIONABLE = False\n"
+        "# Jobs are stations on the site network (bridge mode), so jobs on other EPs can reach them.\n"
+        'NetworkType = "bridge"\n'
+        f'LarkPoolEP = "{machine}"\n'
+        "STARTD_ATTRS = $(STARTD_ATTRS) LarkPoolEP\n")
+
+
+def lark_toml(ep: str) -> str:
+    lines = ['[daemon]', 'ad_source = "startd"', 'poll_interval = 1.0',
+             '[network]', 'uplink = "lkbr0"', 'subnet = "10.213.0.0/24"', 'bandwidth_mbit = 1000',
+             'default_network_type = "bridge"', 'bridge_name = "lkbr0"', 'bridge_uplink = "eth0"',
+             f'bridge_range = "{JOB_RANGE[ep]}"', f'job_mac_seed = "{ep}"', f'bridge_gateway = "{GATEWAY}"', f'bridge_prefix = {SITE_PREFIX}']
+    if controller_available():
+        lines += [f'controller_url = "https://{ADDRESS["cm"]}:{REGISTRATION_PORT}"',
+                  'controller_ca = "/etc/lark/certs/ca.pem"', f'controller_cert = "/etc/lark/certs/{ep}.pem"',
+                  f'controller_key = "/etc/lark/certs/{ep}.key"', 'controller_failure = "closed"']
+    return "\n".join(lines) + "\n"
+
+
+def make_machine(machine: str, pool_key: bytes, state: dict) -> None:
+    """An overlay of the shared root, its mounts, and this machine's HTCondor and Lark configuration."""
+    base = POOL / machine
+    shutil.rmtree(base, ignore_errors=True)
+    for d in ("upper", "work", "root"):
+        (base / d).mkdir(parents=True)
+    root = root_of(machine)
+    run(["mount", "-t", "overlay", "overlay", "-o",
+         f"lowerdir={tb.ROOT},upperdir={base / 'upper'},workdir={base / 'work'}", str(root)])
+    state["mounts"].append(str(root))
+    save_state(state)
+    for _, sub, args in tb.MOUNTS:
+        run(["mount", *args, str(root / sub)])
+        if "--rbind" in args:
+            run(["mount", "--make-rslave", str(root / sub)])
+    run(["mount", "--bind", str(HOME), str(root / "home")])
+    # A fresh machine: nothing left from the one-machine testbed's runs in the shared root.
+    for d in ("var/lib/condor/spool", "var/lib/condor/execute", "var/log/condor", "run/condor", "run/lark",
+              "var/lib/lark", "run/netns"):
+        shutil.rmtree(root / d, ignore_errors=True)
+        (root / d).mkdir(parents=True)
+    for d in ("var/lib/condor/spool", "var/lib/condor/execute", "var/log/condor", "run/condor", "run/lock/condor"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+        run(["chroot", str(root), "chown", "condor:condor", "/" + d])
+    (root / "etc/condor/config.d/95-lark-pool.conf").write_text(condor_config(machine))
+    keydir = root / "etc/condor/passwords.d"
+    keydir.mkdir(parents=True, exist_ok=True)
+    keydir.chmod(0o700)
+    key = keydir / "POOL"
+    key.write_bytes(pool_key)
+    key.chmod(0o600)
+    shutil.rmtree(root / "etc/condor/tokens.d", ignore_errors=True)
+    # All machines share the kernel's hostname: each resolves it to its own address (else every daemon spends a
+    # minute retrying the lookup).
+    hosts = "".join(f"{ADDRESS[m]} {m}.lark.test {m}\n" for m in MACHINES if m != machine)
+    (root / "etc/hosts").write_text(f"127.0.0.1 localhost\n{ADDRESS[machine]} {os.uname().nodename} "
+                                    f"{machine}.lark.test {machine}\n{hosts}")
+    if machine in EPS:
+        (root / "etc/lark/lark.toml").write_text(lark_toml(machine))
+        if controller_available():
+            certs = root / "etc/lark/certs"
+            certs.mkdir(parents=True, exist_ok=True)
+            for name in ("ca.pem", f"{machine}.pem", f"{machine}.key"):
+                shutil.copy(CERTS / name, certs / name)
+            (certs / f"{machine}.key").chmod(0o600)
+
+
+def start_master(machine: str, state: dict) -> None:
+    err = open(POOL / f"{machine}.master.stderr", "a")
+    master = subprocess.Popen(in_machine(machine, ["/usr/sbin/condor_master", "-f"]), stdout=subprocess.DEVNULL,
+                              stderr=err)
+    state["pids"][f"{machine}-master"] = master.pid
+    save_state(state)
+
+
+# The pool's SDN policies (lark-controller's [[policy]] format, docs/controller.md): the paper's three, selected
+# by ClassAd expressions over the job ad. `make demo-pool` and tests/e2e_pool run jobs that each policy matches.
+SDN_POLICIES = """
+[[policy]]
+name = "blocked-owners"
+kind = "drop"
+select = 'Owner == "carol"'
+
+[[policy]]
+name = "user-slices"
+kind = "slice"
+select = 'true'
+slice_by = "Owner"
+
+[[policy]]
+name = "no-wan-for-students"
+kind = "wan_drop"
+select = 'AcctGroup =?= "students"'
+
+[[policy]]
+name = "bob-via-wan1"
+kind = "wan_steer"
+select = 'Owner == "bob"'
+port = "wan1"
+"""
+
+
+def controller_config() -> str:
+    return (f'[openflow]\nhost = "{MGMT_CM}"\nport = {OPENFLOW_PORT}\n'
+            f'[api]\nhost = "{ADDRESS["cm"]}"\nport = {REGISTRATION_PORT}\n'
+            'ca = "certs/ca.pem"\ncert = "certs/controller.pem"\nkey = "certs/controller.key"\n'
+            '[switch]\nwan_ports = ["wan0", "wan1"]\n'
+            f'site_prefixes = ["{GATEWAY.rsplit(".", 1)[0]}.0/{SITE_PREFIX}"]\n' + SDN_POLICIES)
+
+
+def controller_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    exe = shutil.which("lark-controller", path=_venv_bin())
+    return run(in_ns("cm", [exe, *args]), check=check)
+
+
+def start_controller(state: dict) -> None:
+    """lark-controller in the CM's netns (from this tree's venv: it needs os-ken), the core switch its client.
+
+    Certificates from `lark-controller certs`: the controller's names its API address (larkd checks it), each
+    EP's certificate name is the EP's identity at the controller."""
+    shutil.rmtree(CERTS, ignore_errors=True)
+    controller_cli("certs", "--dir", str(CERTS), f"controller={ADDRESS['cm']}", *EPS)
+    conf = POOL / "controller.toml"
+    conf.write_text(controller_config())
+    out = open(POOL / "controller.log", "a")
+    exe = shutil.which("lark-controller", path=_venv_bin())
+    p = subprocess.Popen(in_ns("cm", [exe, "run", "--config", str(conf)]), stdout=out, stderr=out)
+    state["pids"]["controller"] = p.pid
+    save_state(state)
+    # secure: without a controller the switch keeps the flows it has and never falls back to learning.
+    vsctl("set", "bridge", SWITCH, "fail_mode=secure", "--", "set-controller", SWITCH,
+          f"tcp:{MGMT_CM}:{OPENFLOW_PORT}")
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        cp = controller_cli("status", "--config", str(conf), "--json", check=False)
+        try:
+            if cp.returncode == 0 and any(sw.get("ready") for sw in json.loads(cp.stdout)["switches"]):
+                log.info("lark-controller up, switch %s connected", SWITCH)
+                return
+        except (ValueError, KeyError):
+            pass
+        if p.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise RuntimeError(f"pool: lark-controller did not get the switch ready; see {POOL}/controller.log")
+
+
+def start() -> None:
+    if load_state():
+        down()
+    if not tb.BUILD_STAMP.exists():
+        raise SystemExit("pool: the shared root is not built; run `pool.py up`")
+    state: dict = {"netns": [], "mounts": [], "pids": {}}
+    save_state(state)
+    try:
+        make_network(state)
+        start_wan(state)
+        shutil.rmtree(HOME, ignore_errors=True)
+        run(["cp", "-a", str(tb.ROOT / "home"), str(HOME)])
+        if controller_available():
+            start_controller(state)
+        pool_key = secrets.token_bytes(64)
+        for m in MACHINES:
+            make_machine(m, pool_key, state)
+        for m in MACHINES:
+            start_master(m, state)
+        wait_ready()
+    except BaseException:
+        log.error("pool: start failed; tearing down (logs in %s)", POOL / "last-run")
+        down()
+        raise
+    log.info("pool up: cm %s, %s; WAN server %s (links wan0, wan1); switch %s in %score",
+             ADDRESS["cm"], ", ".join(f"{ep} {ADDRESS[ep]} jobs {JOB_RANGE[ep]}" for ep in EPS), WAN_SERVER,
+             SWITCH, PREFIX)
+
+
+def wait_ready(timeout: float = 120) -> None:
+    """Both EPs' slots in the collector with job networking, and each EP's larkd answering."""
+    deadline = time.time() + timeout
+    seen = ""
+    while time.time() < deadline:
+        cp = run(in_machine("cm", ["condor_status", "-af", "LarkPoolEP", "HasJobNetworking"]), check=False)
+        seen = cp.stdout
+        eps = {line.split()[0] for line in cp.stdout.splitlines() if line.lower().endswith("true")}
+        if eps >= set(EPS) and all(run(in_machine(ep, ["lark", "status"]), check=False).returncode == 0
+                                   for ep in EPS):
+            log.info("slots ready on %s", ", ".join(sorted(eps)))
+            return
+        time.sleep(1)
+    raise RuntimeError(f"pool: EP slots not in the collector after {timeout:.0f} s (saw {seen!r}); "
+                       f"see {POOL}/last-run/*/condor")
+
+
+# -- stop -------------------------------------------------------------------------------------------------------
+def _kill(pid: int, name: str, grace: float = 5) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    if not tb._wait_gone(pid, grace):
+        log.warning("%s (pid %d) ignored SIGTERM; killing it and its children", name, pid)
+        for p in tb._descendants(pid) + [pid]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        tb._wait_gone(pid, 5)
+
+
+def down() -> None:
+    state = load_state()
+    pids: dict = state.get("pids", {})
+    for m in reversed(MACHINES):
+        pid = pids.get(f"{m}-master")
+        if not pid:
+            continue
+        if Path(ns_path(m)).exists() and (root_of(m) / "usr/sbin").exists():
+            run(in_machine(m, ["condor_off", "-master", "-fast"]), check=False)
+        if not tb._wait_gone(pid, 20):
+            _kill(pid, f"{m} condor_master", 1)
+    for ep in EPS:
+        if Path(ns_path(ep)).exists() and (root_of(ep) / "usr/local/bin/lark").exists():
+            run(in_machine(ep, ["lark", "gc", "--purge"]), check=False)
+    for name in ("controller", "wan-http", "wan-iperf3-0", "wan-iperf3-1", "ovs-vswitchd", "ovsdb-server"):
+        if pids.get(name):
+            _kill(pids[name], name)
+    # Everything mounted under the pool directory, deepest first (job netns names, proc/sys/dev, overlays).
+    for line in reversed(Path("/proc/mounts").read_text().splitlines()):
+        target = line.split()[1]
+        if target.startswith(str(POOL) + "/"):
+            run(["umount", "-l", target], check=False)
+    for name in NAMESPACES:
+        if Path(ns_path(name)).exists():
+            run(["ip", "netns", "del", f"{PREFIX}{name}"], check=False)
+    # The last run's logs and job directories stay in POOL/last-run for a look after the fact.
+    last = POOL / "last-run"
+    if any((POOL / m / "upper").exists() for m in MACHINES) or HOME.exists():
+        shutil.rmtree(last, ignore_errors=True)
+        last.mkdir(parents=True)
+        for m in MACHINES:
+            if (POOL / m / "upper/var/log").exists():
+                shutil.move(POOL / m / "upper/var/log", last / m)
+        for f in POOL.glob("*.log"):
+            shutil.copy(f, last / f.name)
+        if HOME.exists():
+            shutil.move(HOME, last / "home")
+    for m in MACHINES:
+        shutil.rmtree(POOL / m, ignore_errors=True)
+    shutil.rmtree(OVS_DIR, ignore_errors=True)
+    STATE.unlink(missing_ok=True)
+    log.info("pool down")
+
+
+def status() -> None:
+    state = load_state()
+    print(json.dumps({"pool": str(POOL), "controller": controller_available(), **state}, indent=1))
+    if not state.get("pids"):
+        return
+    print(run(in_machine("cm", ["condor_status"]), check=False).stdout)
+    for ep in EPS:
+        print(f"--- larkd on {ep}")
+        print(run(in_machine(ep, ["lark", "status"]), check=False).stdout)
+    print(vsctl("show", check=False).stdout)
+
+
+# -- jobs -------------------------------------------------------------------------------------------------------
+def submit_as(user: str, name: str, body: str, files: dict[str, str] | None = None) -> int:
+    """Write `body` (and `files`) to /home/<user>/<name>/ (shared by all machines), condor_submit it on the CM."""
+    d = HOME / user / name
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    (d / "job.sub").write_text(body)
+    for fname, text in (files or {}).items():
+        (d / fname).write_text(text)
+    run(["chroot", str(root_of("cm")), "chown", "-R", f"{user}:{user}", f"/home/{user}/{name}"])
+    cp = run(in_machine("cm", ["sh", "-c", 'cd "$0" && exec condor_submit -terse job.sub', f"/home/{user}/{name}"],
+                        user=user), check=False)
+    if cp.returncode != 0:
+        raise RuntimeError(f"condor_submit as {user} in {name} failed: {cp.stderr.strip()}")
+    return int(cp.stdout.split(".")[0])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=["up", "down", "status", "start", "wan-serve"])
+    ap.add_argument("arg", nargs="?")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="pool: %(message)s")
+    if args.command == "wan-serve":  # internal: runs inside the wan netns
+        wan_serve(Path(args.arg))
+        return 0
+    if os.geteuid() != 0:
+        raise SystemExit("pool: run as root")
+    if args.command == "up":
+        tb.build()
+        tb.install()
+        start()
+    else:
+        {"down": down, "status": status, "start": start}[args.command]()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Reachability probes through real HTCondor jobs on the pool testbed (testbed/pool.py).
+
+Each probe job (one per user and EP asked for) listens on pool.JOB_PORT, reports its own address in its
+directory (/home/<user>/<dir>, shared by all machines), waits for the driver to hand it its peers' addresses,
+then tries each peer and the WAN server's /link page from inside its own network namespace, and writes what it
+could and could not reach. Used by `make demo-pool` and tests/e2e_pool. Standard library only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pool
+
+log = logging.getLogger("pool.probe")
+
+# Runs as the job, in its network namespace: argv label port wan_server gateway.
+PROGRAM = r'''
+import json, os, socket, sys, threading, time, urllib.request
+label, port, wan, gateway = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+
+def put(name, data):
+    with open(name + ".tmp", "w") as f:
+        json.dump(data, f)
+    os.rename(name + ".tmp", name)
+
+def wait_for(name, timeout=240):
+    deadline = time.time() + timeout
+    while not os.path.exists(name):
+        if time.time() > deadline:
+            sys.exit("no " + name + " after %d s" % timeout)
+        time.sleep(0.2)
+    with open(name) as f:
+        return json.load(f)
+
+srv = socket.create_server(("0.0.0.0", port))
+def serve():
+    while True:
+        c, _ = srv.accept()
+        c.sendall(label.encode())
+        c.close()
+threading.Thread(target=serve, daemon=True).start()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+u.connect((gateway, 9))  # no packet: only picks the source address
+put("me.json", {"label": label, "address": u.getsockname()[0]})
+
+targets = wait_for("targets.json")
+seen = {}
+for peer, addr in targets["peers"].items():
+    try:
+        with socket.create_connection((addr, port), timeout=3) as c:
+            c.settimeout(3)
+            got = c.recv(200).decode()
+        seen[peer] = "reached" if got == peer else "reached " + got
+    except OSError as e:
+        seen[peer] = "blocked (%s)" % (e.strerror or type(e).__name__)
+try:
+    with urllib.request.urlopen("http://%s:%d/link" % (wan, targets["wan_port"]), timeout=4) as r:
+        seen["wan"] = r.read().decode().strip()
+except OSError as e:
+    seen["wan"] = "blocked (%s)" % (getattr(e, "reason", None) or e)
+put("results.json", seen)
+print(json.dumps(seen))
+wait_for("done")
+'''
+
+
+@dataclass
+class ProbeJob:
+    user: str
+    ep: str
+    extra: str = ""                     # more submit-file lines, e.g. accounting_group = ...
+    cluster: int = 0
+    address: str = ""
+    seen: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.user}@{self.ep}"
+
+    def dir(self, run: str) -> str:
+        return f"{run}-{self.user}-{self.ep}"
+
+    def path(self, run: str) -> Path:
+        return pool.HOME / self.user / self.dir(run)
+
+
+def policy_jobs() -> list[ProbeJob]:
+    """The jobs that show pool.SDN_POLICIES: two owners on both EPs, a students job, a dropped owner."""
+    return [ProbeJob("alice", "ep1"), ProbeJob("bob", "ep1"),
+            ProbeJob("alice", "ep2", "accounting_group = students"), ProbeJob("bob", "ep2"),
+            ProbeJob("carol", "ep2")]
+
+
+def submit_file(job: ProbeJob) -> str:
+    return (f'executable = /usr/bin/python3\n'
+            f'arguments = "probe.py {job.label} {pool.JOB_PORT} {pool.WAN_SERVER} {pool.GATEWAY}"\n'
+            "output = out.txt\nerror = err.txt\nlog = log.txt\nshould_transfer_files = NO\n"
+            f'requirements = TARGET.LarkPoolEP == "{job.ep}"\n'
+            "+InboundConnectivity = true\n"
+            f"{job.extra}\nqueue\n")
+
+
+def _wait_files(jobs: list[ProbeJob], run: str, name: str, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while True:
+        missing = [j for j in jobs if not (j.path(run) / name).exists()]
+        if not missing:
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"probe jobs {', '.join(f'{j.cluster} ({j.label})' for j in missing)} wrote no "
+                               f"{name} in {timeout:.0f} s: {_why(missing)}")
+        time.sleep(0.5)
+
+
+def _why(jobs: list[ProbeJob]) -> str:
+    cp = pool.run(pool.in_machine("cm", ["condor_q", *(str(j.cluster) for j in jobs), "-af:t", "ClusterId",
+                                         "JobStatus", "HoldReason"]), check=False)
+    return cp.stdout.strip().replace("\n", "; ") or "not in the queue"
+
+
+def run_probes(jobs: list[ProbeJob], run: str = "probe", timeout: float = 180,
+               while_running: Callable[[], None] | None = None) -> list[ProbeJob]:
+    """Submit one probe job per entry, let every job try every other one and the WAN, collect the answers.
+
+    `while_running` is called once all answers are in and before the jobs are let go (their networks exist)."""
+    for j in jobs:
+        j.cluster = pool.submit_as(j.user, j.dir(run), submit_file(j), files={"probe.py": PROGRAM})
+        log.info("%s: job %d.0", j.label, j.cluster)
+    try:
+        _wait_files(jobs, run, "me.json", timeout)
+        for j in jobs:
+            j.address = json.loads((j.path(run) / "me.json").read_text())["address"]
+        for j in jobs:
+            peers = {o.label: o.address for o in jobs if o is not j}
+            _put(j.path(run) / "targets.json", {"peers": peers, "wan_port": pool.WAN_HTTP_PORT})
+        _wait_files(jobs, run, "results.json", 60)
+        for j in jobs:
+            j.seen = json.loads((j.path(run) / "results.json").read_text())
+        if while_running:
+            while_running()
+    finally:
+        for j in jobs:
+            if j.path(run).exists():
+                _put(j.path(run) / "done", {})
+    wait_gone([j.cluster for j in jobs])
+    return jobs
+
+
+def _put(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.chmod(0o644)
+    tmp.rename(path)
+
+
+def wait_gone(clusters: list[int], timeout: float = 60) -> None:
+    """Until the clusters have left the queue (their slots and job networks are released)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        cp = pool.run(pool.in_machine("cm", ["condor_q", *map(str, clusters), "-af", "ClusterId"]), check=False)
+        if cp.returncode == 0 and not cp.stdout.strip():
+            return
+        time.sleep(1)
+    pool.run(pool.in_machine("cm", ["condor_rm", *map(str, clusters)]), check=False)
+    log.warning("jobs %s still queued after %.0f s; removed", clusters, timeout)
+
+
+def table(jobs: list[ProbeJob]) -> str:
+    """One row per job: what it reached (peers by user@ep, * where both are on one EP; the WAN link its request
+    came in on)."""
+    heads = ["job", "owner", "address", *[o.label for o in jobs], "WAN"]
+    rows = [heads]
+    for j in jobs:
+        cells = [f"{j.cluster}.0", j.label, j.address]
+        for o in jobs:
+            same_ep = "*" if o.ep == j.ep else ""
+            cells.append("-" if o is j else _short(j.seen.get(o.label, "?")) + same_ep)
+        wan = j.seen.get("wan", "?")
+        cells.append(f"via {wan}" if wan in ("wan0", "wan1") else _short(wan))
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(heads))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _short(v: str) -> str:
+    return "reached" if v == "reached" else ("blocked" if v.startswith("blocked") else v)

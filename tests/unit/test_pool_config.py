@@ -1,0 +1,66 @@
+"""The pool testbed writes larkd and lark-controller configs: they must pass the real loaders (a renamed key or a
+broken policy expression shows up here, not as a pool that never gets ready)."""
+import ipaddress
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testbed"))
+import pool  # noqa: E402
+
+from lark import config  # noqa: E402
+
+
+@pytest.mark.parametrize("ep", pool.EPS)
+def test_each_eps_larkd_config_loads_and_keeps_jobs_apart(ep, monkeypatch):
+    monkeypatch.setattr(pool, "controller_available", lambda: True)
+    cfg = config.from_mapping(tomllib.loads(pool.lark_toml(ep)))
+    assert cfg.default_network_type == "bridge" and cfg.job_mac_seed == ep
+    assert cfg.controller_url == f"https://{pool.ADDRESS['cm']}:{pool.REGISTRATION_PORT}"
+    assert cfg.controller_cert.endswith(f"/{ep}.pem") and cfg.controller_failure == "closed"
+
+
+def test_job_ranges_are_disjoint_inside_the_site_subnet_and_miss_every_machine():
+    site = ipaddress.ip_network(f"{pool.GATEWAY}/{pool.SITE_PREFIX}", strict=False)
+    ranges = []
+    for ep in pool.EPS:
+        lo, hi = (ipaddress.ip_address(x) for x in pool.JOB_RANGE[ep].split("-"))
+        assert lo in site and hi in site
+        ranges.append((lo, hi))
+    ranges.sort()
+    assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:]))
+    fixed = [ipaddress.ip_address(a) for a in [pool.GATEWAY, *pool.ADDRESS.values()]]
+    assert not any(lo <= a <= hi for a in fixed for lo, hi in ranges)
+
+
+def test_controller_config_and_policies_load():
+    from lark.controller.config import from_mapping
+    cfg = from_mapping(tomllib.loads(pool.controller_config()), base_dir=str(pool.POOL))
+    assert cfg.wan_ports == ["wan0", "wan1"]
+    assert {p.kind for p in cfg.policies} == {"drop", "slice", "wan_drop", "wan_steer"}
+    assert cfg.cert == str(pool.CERTS / "controller.pem")
+    assert ipaddress.ip_address(pool.WAN_SERVER) not in ipaddress.ip_network(cfg.site_prefixes[0])
+
+
+def test_condor_config_gives_each_machine_its_role():
+    cm, ep = pool.condor_config("cm"), pool.condor_config("ep1")
+    assert "DAEMON_LIST = MASTER COLLECTOR NEGOTIATOR SCHEDD\n" in cm and "LARKD" not in cm
+    assert "DAEMON_LIST = MASTER STARTD LARKD\n" in ep and 'LarkPoolEP = "ep1"' in ep
+    assert f"NETWORK_INTERFACE = {pool.ADDRESS['ep1']}" in ep
+    assert all(f"CONDOR_HOST = {pool.ADDRESS['cm']}" in c for c in (cm, ep))
+
+
+def test_controller_certificates_pass_strict_x509_verification(tmp_path):
+    # The pool's EPs run larkd on Python 3.14, whose default TLS context verifies strictly (VERIFY_X509_STRICT,
+    # Python >= 3.13): certificates without key identifiers were refused there.
+    import shutil
+    import subprocess
+    if not shutil.which("openssl"):
+        pytest.skip("no openssl")
+    from lark.controller.certs import make
+    make(str(tmp_path), ["controller=10.77.0.2", "ep1"])
+    cp = subprocess.run(["openssl", "verify", "-x509_strict", "-CAfile", str(tmp_path / "ca.pem"),
+                         str(tmp_path / "controller.pem"), str(tmp_path / "ep1.pem")], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
