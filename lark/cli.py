@@ -77,6 +77,8 @@ def _offline_gc(args) -> list[str]:
         if args.purge and not args.dry_run and not net.records.keys():
             fw.destroy_base()
             actions.append(f"base {fw.name} objects")
+            if net.dns.stop():
+                actions.append("DNS forwarder")
         return actions
     finally:
         os.close(lock)

@@ -65,6 +65,13 @@ class Config:
     ovs_db: str = "unix:/var/run/openvswitch/db.sock"
     ovs_rundir: str = "/var/run/openvswitch"   # where ovs-vswitchd puts <bridge>.mgmt
     ovs_datapath: str = "auto"          # "system" (kernel module), "netdev" (userspace), or auto-detect
+    # DNS: jobs share the host's resolv.conf; loopback nameservers in it (systemd-resolved's 127.0.0.53, a local
+    # cache on 127.0.0.1) are steered to a host-side forwarder on dns_address (lark/kernel/dns.py).
+    resolv_conf: str = "/etc/resolv.conf"
+    dns_forward: bool = True
+    dns_address: str = "169.254.53.53"  # link-local service address of the forwarder (a Lark-owned device)
+    # MTU of the job's link: 0 follows the uplink (bridge/OVS) or the route out (NAT); a number overrides it.
+    job_mtu: int = 0
 
     @property
     def records_dir(self) -> str:
@@ -161,6 +168,17 @@ class Config:
             if not lo6 <= hi6 or int(hi6) - int(lo6) > 1 << 20:
                 raise bad("bridge_range6", f"{self.bridge_range6} is empty or larger than 2^20 addresses",
                           "give first-last of at most a million addresses")
+        try:
+            dns_addr = ipaddress.IPv4Address(self.dns_address)
+        except ValueError as e:
+            raise bad("dns_address", str(e), 'give an unused IPv4 address, e.g. "169.254.53.53"') from None
+        if dns_addr.is_loopback or dns_addr.is_unspecified or dns_addr in self.network:
+            raise bad("dns_address", f"{dns_addr} is loopback, unspecified or inside subnet {self.subnet}",
+                      'use a link-local address outside every job network, e.g. "169.254.53.53"')
+        if not os.path.isabs(self.resolv_conf):
+            raise bad("resolv_conf", f"{self.resolv_conf!r} is not an absolute path", "e.g. /etc/resolv.conf")
+        if self.job_mtu and not 576 <= self.job_mtu <= 65535:
+            raise bad("job_mtu", f"{self.job_mtu} is not an MTU", "use 0 (follow the uplink) or 576-65535")
         self.default_bandwidth = str(self.default_bandwidth)
         if self.default_bandwidth not in ("unlimited", "share"):
             try:

@@ -12,7 +12,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from ..kernel import dhcp, links, netns, shaping
+from ..kernel import dhcp, dns, links, mtu, netns, shaping
 from ..kernel.firewall import job_netns
 from ..kernel.accounting import Accountant, link_reading
 from ..config import Config
@@ -38,6 +38,7 @@ class JobNetworker:
         self.finished = finished
         self.modes = make_modes(cfg)
         self.leases = dhcp.LeaseCache(os.path.join(cfg.state_dir, "leases"))
+        self.dns = dns.Forwarder(cfg)
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
@@ -99,13 +100,16 @@ class JobNetworker:
                 use_dhcp = self._reserve(plan, mode, ns_fd)
                 rec.plan = plan.to_dict()
                 self.records.step(rec, "address")
-                links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id, n.job_mac if mode.bridged else None)
+                links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id, n.job_mac if mode.bridged else None,
+                                  mtu.for_job(ipr, self.cfg, plan.network_type))
                 self.records.step(rec, "veth")
                 host_idx = ipr.link_lookup(ifname=n.host_if)[0]
                 mode.attach(ipr, host_idx, plan, n)
                 # One netlink socket in the job's netns for everything done there (each costs ~1 ms).
                 with netns.netlink_in(ns_fd) as nipr:
                     job_idx = self._address(plan, rec, n, mode, ns_fd, nipr, use_dhcp)
+                    dns.setup_job(self.dns, ipr, plan.network_type, plan.ipv4, ns_fd, self.netns_path(plan.key),
+                                  n.job_if, job_idx, plan.job_id)
                     if plan.rate_limit_mbit:
                         limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
                         shaping.apply(ipr, host_idx, nipr, job_idx, limit, plan.job_id)

@@ -94,6 +94,12 @@ class OvsMode(BridgedMode):
         if plan.vlan is not None:
             args += ["--", "set", "port", port, f"tag={int(plan.vlan)}"]
         self.vsctl(*args)
+        # The host end is still a plain netdev for the kernel: with the default arp_ignore=0 it answers the
+        # job's ARP for any host address with its own MAC, and what the job then sends to the host (DNS to
+        # the forwarder) lands on this device instead of the bridge's internal port. It has no address: never
+        # answer.
+        with open(f"/proc/sys/net/ipv4/conf/{port}/arp_ignore", "w") as f:
+            f.write("1")
 
     def secure(self, plan: NetworkPlan, names: JobNames) -> None:
         port = names.host_if
