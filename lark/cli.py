@@ -122,6 +122,11 @@ def cmd_doctor(args) -> int:
     cfg = load(args.config)
     text, missing = doctor.report(doctor.run(), cfg.firewall)
     print(text)
+    from . import hostcheck
+    platform_text, to_fix = hostcheck.report(hostcheck.check(cfg))
+    print(platform_text)
+    if to_fix:
+        print(f"{to_fix} platform finding(s) need the admin (see fix:)", file=sys.stderr)
     if missing:
         print(f"{missing} required feature(s) missing: Lark cannot network jobs here", file=sys.stderr)
     return 1 if missing else 0

@@ -1,4 +1,5 @@
 """Issue 17: pure logic of the site adaptations (resolver parsing, DNS steering rules, config checks)."""
+import json
 import os
 
 import pytest
@@ -55,3 +56,83 @@ def test_bad_site_config_is_refused_with_the_key(kw, key):
     with pytest.raises(LarkError) as e:
         Config(**kw).validate()
     assert key in str(e.value)
+
+
+# -- lark doctor: the platform (lark/hostcheck.py), with fake command runners --------------------------------
+from lark import hostcheck  # noqa: E402
+
+
+def fake_runner(answers: dict):
+    """argv[0] -> (rc, stdout); anything else is 'not installed'."""
+    def run(argv):
+        return answers.get(argv[0], (127, ""))
+    return run
+
+
+@pytest.mark.parametrize("out, ok, found", [
+    ("$CondorVersion: 25.14.1 2025-10-01 BuildID: Debian-25.14.1 $\n", True, "25.14.1"),
+    ("$CondorVersion: 24.7.3 2024-06-01 $\n", True, "24.7.3"),
+    ("$CondorVersion: 24.0.12 2025-01-01 $\n", False, "24.0.12"),
+    ("$CondorVersion: 23.10.1 2024-01-01 $\n", False, "23.10.1"),
+])
+def test_htcondor_version_needs_no_job_networking(out, ok, found):
+    f = hostcheck.htcondor(fake_runner({"condor_version": (0, out)}))
+    assert (f.ok, f.found) == (ok, found)
+    assert ok or "24.7.3" in f.fix
+
+
+def test_htcondor_missing_is_reported_with_the_fix():
+    f = hostcheck.htcondor(fake_runner({}))
+    assert not f.ok and f.found == "not found" and "install HTCondor" in f.fix
+
+
+def test_python_version():
+    assert hostcheck.python((3, 11, 2)).ok
+    old = hostcheck.python((3, 9, 18))
+    assert not old.ok and "python3.11" in old.fix
+
+
+def test_firewalld_running_is_reported_with_zone_fix():
+    cfg = Config(bridge_range="192.0.2.100-192.0.2.199", bridge_gateway="192.0.2.1")
+    fs = hostcheck.firewalls(fake_runner({"firewall-cmd": (0, "running\n")}), cfg)
+    assert [f.found for f in fs] == ["firewalld running"]
+    assert not fs[0].ok and f"--add-source={cfg.subnet}" in fs[0].fix
+
+
+def test_forward_drop_policy_in_another_nft_table_is_found_and_larks_own_is_not():
+    chains = {"nftables": [
+        {"metainfo": {"version": "1.0.6"}},
+        {"chain": {"family": "inet", "table": "filter", "name": "forward", "hook": "forward", "policy": "drop"}},
+        {"chain": {"family": "inet", "table": "filter", "name": "input", "hook": "input", "policy": "drop"}},
+        {"chain": {"family": "inet", "table": "lark", "name": "fwd", "hook": "forward", "policy": "drop"}},
+        {"chain": {"family": "ip", "table": "nat", "name": "post", "hook": "postrouting", "policy": "accept"}},
+    ]}
+    fs = hostcheck.firewalls(fake_runner({"nft": (0, json.dumps(chains))}), Config())
+    assert len(fs) == 1 and not fs[0].ok
+    assert "inet filter forward" in fs[0].found and 'iifname "lk-*" accept' in fs[0].fix
+
+
+def test_iptables_legacy_forward_drop_and_harmless_legacy_rules():
+    drop = "*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:OUTPUT ACCEPT [0:0]\n-A INPUT -p tcp -j ACCEPT\nCOMMIT\n"
+    fs = hostcheck.firewalls(fake_runner({"iptables-legacy-save": (0, drop)}), Config())
+    assert len(fs) == 1 and not fs[0].ok and "lk-+" in fs[0].fix
+    harmless = drop.replace(":FORWARD DROP", ":FORWARD ACCEPT")
+    fs = hostcheck.firewalls(fake_runner({"iptables-legacy-save": (0, harmless)}), Config())
+    assert len(fs) == 1 and fs[0].ok and "1 rules" in fs[0].found
+
+
+def test_nothing_else_in_charge():
+    fs = hostcheck.firewalls(fake_runner({"firewall-cmd": (252, "not running\n"), "nft": (0, '{"nftables": []}'),
+                                          "iptables-legacy-save": (0, "")}), Config())
+    assert [(f.ok, f.found) for f in fs] == [(True, "only Lark's (nftables)")]
+
+
+def test_resolver_finding_and_report_counts_what_needs_the_admin(tmp_path):
+    p = tmp_path / "resolv.conf"
+    p.write_text("nameserver 127.0.0.53\n")
+    good = hostcheck.resolver(Config(resolv_conf=str(p)))
+    bad = hostcheck.resolver(Config(resolv_conf=str(p), dns_forward=False))
+    assert good.ok and "169.254.53.53" in good.action
+    assert not bad.ok and "dns_forward = true" in bad.fix
+    text, n = hostcheck.report([good, bad, hostcheck.python((3, 9, 0))])
+    assert n == 2 and sum(line.strip().startswith("fix:") for line in text.splitlines()) == 2
