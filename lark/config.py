@@ -57,6 +57,10 @@ class Config:
     bridge_range6: str = ""             # bridged IPv6 job addresses, "first-last"; "" = no IPv6 when bridged
     bridge_prefix6: int = 64
     bridge_gateway6: str = ""
+    # IPv6 of bridged/OVS jobs: "static" (bridge_range6) or "slaac" (the site's router advertisements, accepted
+    # only from the uplink side; the job's address is EUI-64 of its MAC), and how long to wait for one.
+    bridge_ipv6: str = "static"
+    slaac_timeout: float = 5.0
     dhcp_release: bool = False          # release a job's lease when it ends (else cache it for the slot's next job)
     dhcp_renew_interval: float = 0.0    # renew at least this often (s); 0: at the server's T1 only
     # Open vSwitch mode ("ovs_bridge"): same addressing keys as bridge mode.
@@ -177,6 +181,10 @@ class Config:
                       'use a link-local address outside every job network, e.g. "169.254.53.53"')
         if not os.path.isabs(self.resolv_conf):
             raise bad("resolv_conf", f"{self.resolv_conf!r} is not an absolute path", "e.g. /etc/resolv.conf")
+        if self.bridge_ipv6 not in ("static", "slaac"):
+            raise bad("bridge_ipv6", f"unknown IPv6 addressing {self.bridge_ipv6!r}", 'use "static" or "slaac"')
+        if not 0 < self.slaac_timeout <= 60:
+            raise bad("slaac_timeout", f"{self.slaac_timeout} is not a wait", "use seconds, e.g. 5")
         if self.job_mtu and not 576 <= self.job_mtu <= 65535:
             raise bad("job_mtu", f"{self.job_mtu} is not an MTU", "use 0 (follow the uplink) or 576-65535")
         self.default_bandwidth = str(self.default_bandwidth)

@@ -12,7 +12,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from ..kernel import dhcp, dns, links, mtu, netns, shaping
+from ..kernel import dhcp, dns, ipv6auto, links, mtu, netns, shaping
 from ..kernel.firewall import job_netns
 from ..kernel.accounting import Accountant, link_reading
 from ..config import Config
@@ -133,7 +133,9 @@ class JobNetworker:
         if plan.wants_ipv4 and not use_dhcp:
             plan.ipv4 = mode.pool.reserve(plan.key, plan.job_id)
             plan.gateway4, plan.ipv4_prefix = mode.gateway, mode.prefix
-        if plan.wants_ipv6:
+        if self._slaac(plan, mode):
+            ipv6auto.prepare_job_netns(ns_fd)  # the address comes from the site's router (in _address)
+        elif plan.wants_ipv6:
             if mode.pool6 is None:
                 raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
                                 obj="IPProtocol", fix="set subnet6 (NAT) or bridge_range6 (bridged) in "
@@ -162,7 +164,13 @@ class JobNetworker:
             links.add_job_address(nipr, idx, plan.ipv4, plan.ipv4_prefix, plan.gateway4)
         if plan.ipv6:
             links.add_job_address6(nipr, idx, plan.ipv6, plan.ipv6_prefix, plan.gateway6)
+        elif self._slaac(plan, mode):
+            plan.ipv6, plan.ipv6_prefix = ipv6auto.wait_for_slaac(nipr, idx, plan.job_id, self.cfg.slaac_timeout)
+            rec.plan = plan.to_dict()
         return idx
+
+    def _slaac(self, plan: NetworkPlan, mode: AttachMode) -> bool:
+        return mode.bridged and plan.wants_ipv6 and self.cfg.bridge_ipv6 == "slaac"
 
     def _dhcp_lease(self, plan: NetworkPlan, n: JobNames, ns_fd: int) -> dhcp.Lease:
         """The slot's cached lease while it is fresh (no DISCOVER at all), else a new one from the server."""

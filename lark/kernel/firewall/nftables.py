@@ -199,6 +199,26 @@ class NftablesFirewall(Firewall):
                                              "elem": [[names.host_if, {"jump": {"target": f"{j}_{suffix}"}}]]}}})
         return cmds
 
+    # -- IPv6 autoconfiguration (lark/kernel/ipv6auto.py) -------------------------------------------------
+    def _ra_guard_bridge(self) -> list[dict]:
+        """First in the bridge's `pre`: no job port may act as a router or DHCPv6 server for the others."""
+        tb = self.tb
+        return [self._rule("pre", _meta("iifname", WILDCARD), {"match": {"op": "==", "left": _payload("icmpv6", "type"),
+                           "right": {"set": ["nd-router-advert", "nd-redirect"]}}}, {"drop": None}, t=tb),
+                self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip6"), _meta("l4proto", "udp"),
+                           {"match": {"op": "==", "left": _payload("th", "sport"), "right": 547}}, {"drop": None},
+                           t=tb)]
+
+    def _rs_before_address(self) -> list[dict]:
+        """While larkd waits for a SLAAC address (the job is not running yet), its port may solicit a router."""
+        if self.cfg.bridge_ipv6 != "slaac":
+            return []
+        return [self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip6"),
+                           {"match": {"op": "==", "left": _payload("ip6", "saddr"),
+                                      "right": {"prefix": {"addr": "fe80::", "len": 10}}}},
+                           {"match": {"op": "==", "left": _payload("icmpv6", "type"), "right": "nd-router-solicit"}},
+                           {"accept": None}, t=self.tb)]
+
     def _bridge_base(self) -> list[dict]:
         tb = self.tb
         cmds: list[dict] = [{"add": {"table": {"family": "bridge", "name": self.table}}}]
@@ -208,7 +228,7 @@ class NftablesFirewall(Firewall):
             cmds.append({"add": {"chain": {**tb, "name": name, "type": "filter", "hook": hook, "prio": prio,
                                            "policy": "accept"}}})
             cmds.append({"flush": {"chain": {**tb, "name": name}}})
-        cmds += self._dns_bridge_base()
+        cmds += self._dns_bridge_base() + self._ra_guard_bridge()
         cmds += [
             # Frames from a job port go through its anti-spoofing chain; ports Lark does not know are dropped.
             self._rule("pre", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_pre"}}, t=tb),
@@ -219,6 +239,7 @@ class NftablesFirewall(Firewall):
                        {"match": {"op": "==", "left": _payload("udp", "sport"), "right": 68}},
                        {"match": {"op": "==", "left": _payload("udp", "dport"), "right": 67}},
                        {"accept": None}, t=tb),
+            *self._rs_before_address(),
             self._rule("pre", _meta("iifname", WILDCARD), {"drop": None}, t=tb),
             # Counting chains return, so a frame between two jobs is counted for both.
             self._rule("fwd", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_out"}}, t=tb),
