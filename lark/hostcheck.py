@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -104,12 +105,15 @@ def firewalls(run: Runner, cfg: Config) -> list[Finding]:
     return out
 
 
-def resolver(cfg: Config) -> Finding:
+def resolver(cfg: Config, which: Callable[[str], str | None] = shutil.which) -> Finding:
     from .kernel.dns import forwarder_status, loopback_nameservers
     loop = loopback_nameservers(cfg.resolv_conf)
+    found = ", ".join(loop) or "no loopback nameserver"
+    if loop and cfg.dns_forward and not which("dnsmasq"):
+        return Finding("DNS", found, False, "jobs cannot resolve names: the forwarder needs dnsmasq",
+                       "apt-get install dnsmasq-base (Debian, Ubuntu) or dnf install dnsmasq (EL9)")
     ok = not loop or cfg.dns_forward
-    return Finding("DNS", ", ".join(loop) or "no loopback nameserver", ok, forwarder_status(cfg),
-                   "" if ok else "set dns_forward = true in lark.toml")
+    return Finding("DNS", found, ok, forwarder_status(cfg), "" if ok else "set dns_forward = true in lark.toml")
 
 
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:

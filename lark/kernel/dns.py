@@ -239,7 +239,13 @@ def setup_job(fwd: Forwarder, ipr: IPRoute, network_type: str, ipv4: str | None,
     servers = fwd.wanted
     if not servers or not ipv4:
         return []
-    fwd.ensure(ipr)
+    try:
+        fwd.ensure(ipr)
+    except LarkError as e:
+        # A job without name resolution still runs (as it would without Lark); `lark doctor` names the fix.
+        log.error("job %s: no DNS forwarder, so it cannot resolve names through %s: %s", job,
+                  ", ".join(servers), e)
+        return []
     via = None
     if network_type != "nat":
         device = fwd.cfg.ovs_bridge_name if network_type == "ovs_bridge" else fwd.cfg.bridge_name

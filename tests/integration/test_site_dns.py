@@ -119,3 +119,17 @@ def test_no_loopback_resolver_means_nothing_is_steered(fakehost_factory, resolv_
     assert "lark_dns" not in sh(["ip", "netns", "exec", j["netns"], "nft", "list", "tables"]).stdout
     assert "lkdns0" not in sh(host.in_host(["ip", "-o", "link"])).stdout
     p.communicate(timeout=20)
+
+
+def test_iptables_backend_lets_nat_jobs_reach_the_forwarder(fakehost_factory, resolv_dir):
+    resolv = resolv_dir / "resolv.conf"
+    resolv.write_text("nameserver 127.0.0.53\n")
+    host = fakehost_factory(resolv_conf=str(resolv), firewall="iptables")
+    pid = host.tmp / "stub.pid"
+    sh(host.in_host(["dnsmasq", "--conf-file=/dev/null", f"--pid-file={pid}", "--listen-address=127.0.0.53",
+                     "--bind-interfaces", "--no-resolv", "--no-hosts", f"--address=/{NAME}/{ANSWER}"]))
+    try:
+        got = _job(host, "slot1", 176, ["resolve", NAME, "127.0.0.53"])
+        assert got.get("address") == ANSWER, (got, host.larkd_log())
+    finally:
+        _kill_pidfile(str(pid))

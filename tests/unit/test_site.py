@@ -151,3 +151,39 @@ def test_bad_ipv6_autoconf_config_is_refused(kw, key):
     with pytest.raises(LarkError) as e:
         Config(**kw).validate()
     assert key in str(e.value)
+
+
+def test_resolver_finding_without_dnsmasq_names_the_package(tmp_path):
+    p = tmp_path / "resolv.conf"
+    p.write_text("nameserver 127.0.0.53\n")
+    f = hostcheck.resolver(Config(resolv_conf=str(p)), which=lambda name: None)
+    assert not f.ok and "dnsmasq-base" in f.fix
+    assert hostcheck.resolver(Config(resolv_conf=str(p)), which=lambda name: "/usr/sbin/" + name).ok
+
+
+def test_setup_job_without_a_forwarder_logs_and_leaves_the_job_unsteered(tmp_path, monkeypatch, caplog):
+    p = tmp_path / "resolv.conf"
+    p.write_text("nameserver 127.0.0.53\n")
+    fwd = dns.Forwarder(Config(resolv_conf=str(p), run_dir=str(tmp_path)))
+
+    def no_dnsmasq(ipr):
+        raise LarkError("dnsmasq is not installed", obj="DNS forwarder (dnsmasq)")
+    monkeypatch.setattr(fwd, "ensure", no_dnsmasq)
+    steered = []
+    monkeypatch.setattr(dns, "steer_job", lambda *a: steered.append(a))
+    assert dns.setup_job(fwd, None, "nat", "10.213.0.2", -1, "/x", "eth0", 2, "7.0") == []
+    assert steered == [] and "job 7.0" in caplog.text and "dnsmasq is not installed" in caplog.text
+
+
+def test_setup_job_for_a_bridged_job_without_host_address_on_the_bridge(tmp_path, monkeypatch):
+    p = tmp_path / "resolv.conf"
+    p.write_text("nameserver 127.0.0.53\n")
+    fwd = dns.Forwarder(Config(resolv_conf=str(p), run_dir=str(tmp_path)))
+    monkeypatch.setattr(fwd, "ensure", lambda ipr: None)
+    monkeypatch.setattr(dns, "host_address_on", lambda ipr, dev: None)
+    steered = []
+    monkeypatch.setattr(dns, "steer_job", lambda *a: steered.append(a))
+    assert dns.setup_job(fwd, None, "bridge", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == []
+    monkeypatch.setattr(dns, "host_address_on", lambda ipr, dev: "192.0.2.2")
+    assert dns.setup_job(fwd, None, "bridge", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == ["127.0.0.53"]
+    assert steered[0][6] == "192.0.2.2"  # the route to the forwarder goes via the host's bridge address
