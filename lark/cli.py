@@ -77,6 +77,8 @@ def _offline_gc(args) -> list[str]:
         if args.purge and not args.dry_run and not net.records.keys():
             fw.destroy_base()
             actions.append(f"base {fw.name} objects")
+            if net.dns.stop():
+                actions.append("DNS forwarder")
         return actions
     finally:
         os.close(lock)
@@ -120,6 +122,11 @@ def cmd_doctor(args) -> int:
     cfg = load(args.config)
     text, missing = doctor.report(doctor.run(), cfg.firewall)
     print(text)
+    from . import hostcheck
+    platform_text, to_fix = hostcheck.report(hostcheck.check(cfg))
+    print(platform_text)
+    if to_fix:
+        print(f"{to_fix} platform finding(s) need the admin (see fix:)", file=sys.stderr)
     if missing:
         print(f"{missing} required feature(s) missing: Lark cannot network jobs here", file=sys.stderr)
     return 1 if missing else 0

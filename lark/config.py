@@ -74,6 +74,10 @@ class Config:
     # Mixed into bridged jobs' MACs so that EPs on one network never hand out the same MAC for equal slot
     # names; "" = this machine's /etc/machine-id. Set it per EP where EPs share a machine id (cloned images).
     job_mac_seed: str = ""
+    # IPv6 of bridged/OVS jobs: "static" (bridge_range6) or "slaac" (the site's router advertisements, accepted
+    # only from the uplink side; the job's address is EUI-64 of its MAC), and how long to wait for one.
+    bridge_ipv6: str = "static"
+    slaac_timeout: float = 5.0
     dhcp_release: bool = False          # release a job's lease when it ends (else cache it for the slot's next job)
     dhcp_renew_interval: float = 0.0    # renew at least this often (s); 0: at the server's T1 only
     # Open vSwitch mode ("ovs_bridge"): same addressing keys as bridge mode.
@@ -94,6 +98,13 @@ class Config:
     controller_failure: str = "closed"  # controller unreachable: "closed" refuses the job, "open" starts it
     controller_resync: float = 30.0     # seconds between full resyncs of this EP's job list (and after restarts)
     controller_attributes: list[str] = field(default_factory=list)  # job ad attributes the SDN policies name
+    # DNS: jobs share the host's resolv.conf; loopback nameservers in it (systemd-resolved's 127.0.0.53, a local
+    # cache on 127.0.0.1) are steered to a host-side forwarder on dns_address (lark/kernel/dns.py).
+    resolv_conf: str = "/etc/resolv.conf"
+    dns_forward: bool = True
+    dns_address: str = "169.254.53.53"  # link-local service address of the forwarder (a Lark-owned device)
+    # MTU of the job's link: 0 follows the uplink (bridge/OVS) or the route out (NAT); a number overrides it.
+    job_mtu: int = 0
 
     @property
     def records_dir(self) -> str:
@@ -212,6 +223,21 @@ class Config:
         if any(not re.fullmatch(r"[A-Za-z_]\w{0,99}", a) for a in self.controller_attributes):
             raise bad("controller_attributes", f"{self.controller_attributes} is not a list of attribute names",
                       'write e.g. ["AcctGroup", "ProjectName"]')
+        try:
+            dns_addr = ipaddress.IPv4Address(self.dns_address)
+        except ValueError as e:
+            raise bad("dns_address", str(e), 'give an unused IPv4 address, e.g. "169.254.53.53"') from None
+        if dns_addr.is_loopback or dns_addr.is_unspecified or dns_addr in self.network:
+            raise bad("dns_address", f"{dns_addr} is loopback, unspecified or inside subnet {self.subnet}",
+                      'use a link-local address outside every job network, e.g. "169.254.53.53"')
+        if not os.path.isabs(self.resolv_conf):
+            raise bad("resolv_conf", f"{self.resolv_conf!r} is not an absolute path", "e.g. /etc/resolv.conf")
+        if self.bridge_ipv6 not in ("static", "slaac"):
+            raise bad("bridge_ipv6", f"unknown IPv6 addressing {self.bridge_ipv6!r}", 'use "static" or "slaac"')
+        if not 0 < self.slaac_timeout <= 60:
+            raise bad("slaac_timeout", f"{self.slaac_timeout} is not a wait", "use seconds, e.g. 5")
+        if self.job_mtu and not 576 <= self.job_mtu <= 65535:
+            raise bad("job_mtu", f"{self.job_mtu} is not an MTU", "use 0 (follow the uplink) or 576-65535")
         self.default_bandwidth = str(self.default_bandwidth)
         if self.metrics_address:
             host, sep, port = self.metrics_address.rpartition(":")

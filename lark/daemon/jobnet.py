@@ -12,7 +12,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from ..kernel import dhcp, links, netns, shaping
+from ..kernel import dhcp, dns, ipv6auto, links, mtu, netns, shaping
 from ..kernel.firewall import job_netns
 from ..kernel.accounting import Accountant, link_reading
 from ..config import Config
@@ -40,6 +40,7 @@ class JobNetworker:
         self.finished = finished
         self.modes = make_modes(cfg)
         self.leases = dhcp.LeaseCache(os.path.join(cfg.state_dir, "leases"))
+        self.dns = dns.Forwarder(cfg)
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
@@ -103,7 +104,8 @@ class JobNetworker:
                 net, use_dhcp = self._reserve(net, mode, ns_fd)
                 rec.plan = net.to_dict()
                 self.records.save(rec)  # the reserved addresses, for the record and `lark status`
-                links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id, n.job_mac if mode.bridged else None)
+                links.create_veth(ipr, n.host_if, n.job_if, ns_fd, plan.job_id, n.job_mac if mode.bridged else None,
+                                  mtu.for_job(ipr, self.cfg, plan.network_type))
                 host_idx = ipr.link_lookup(ifname=n.host_if)[0]
                 mode.attach(ipr, host_idx, net, n)  # before DHCP: bridged, the server is behind the bridge
                 # One netlink socket in the job's netns for everything done there (each costs ~1 ms).
@@ -111,7 +113,9 @@ class JobNetworker:
                     job_idx = links.bring_up_job_side(nipr, n.job_if)
                     if use_dhcp:
                         net = self._lease_address(net, rec, n, mode, ns_fd)
-                    self._address(net, nipr, job_idx)
+                    net = self._address(net, rec, mode, nipr, job_idx)
+                    dns.setup_job(self.dns, ipr, plan.network_type, net.ipv4, ns_fd, self.netns_path(plan.key),
+                                  n.job_if, job_idx, plan.job_id)
                     if plan.rate_limit_mbit:
                         limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
                         shaping.apply(ipr, host_idx, nipr, job_idx, limit, plan.job_id)
@@ -136,7 +140,9 @@ class JobNetworker:
         use_dhcp = mode.bridged and plan.address_type == "dhcp" and plan.wants_ipv4
         if plan.wants_ipv4 and not use_dhcp:
             got.update(ipv4=mode.pool.reserve(plan.key, plan.job_id), gateway4=mode.gateway, ipv4_prefix=mode.prefix)
-        if plan.wants_ipv6:
+        if self._slaac(plan, mode):
+            ipv6auto.prepare_job_netns(ns_fd)  # the address comes from the site's router (in _address)
+        elif plan.wants_ipv6:
             if mode.pool6 is None:
                 raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
                                 obj="IPProtocol", fix="set subnet6 (NAT) or bridge_range6 (bridged) in "
@@ -159,13 +165,22 @@ class JobNetworker:
         self.records.save(rec)
         return net
 
-    @staticmethod
-    def _address(net: JobNetwork, nipr: IPRoute, idx: int) -> None:
-        """The job's addresses and default routes on its (already up) device."""
+    def _address(self, net: JobNetwork, rec: JobRecord, mode: AttachMode, nipr: IPRoute, idx: int) -> JobNetwork:
+        """The job's addresses and default routes on its (already up) device; with SLAAC, waits for the
+        address the site's router advertisement gives it and returns the network with it."""
         if net.addrs.ipv4:
             links.add_job_address(nipr, idx, net.addrs.ipv4, net.addrs.ipv4_prefix, net.addrs.gateway4)
         if net.addrs.ipv6:
             links.add_job_address6(nipr, idx, net.addrs.ipv6, net.addrs.ipv6_prefix, net.addrs.gateway6)
+        elif self._slaac(net.plan, mode):
+            ipv6, prefix = ipv6auto.wait_for_slaac(nipr, idx, net.plan.job_id, self.cfg.slaac_timeout)
+            net = net.with_addresses(ipv6=ipv6, ipv6_prefix=prefix)
+            rec.plan = net.to_dict()
+            self.records.save(rec)
+        return net
+
+    def _slaac(self, plan: NetworkPlan, mode: AttachMode) -> bool:
+        return mode.bridged and plan.wants_ipv6 and self.cfg.bridge_ipv6 == "slaac"
 
     def _dhcp_lease(self, plan: NetworkPlan, n: JobNames, ns_fd: int) -> dhcp.Lease:
         """The slot's cached lease while it is fresh (no DISCOVER at all), else a new one from the server."""

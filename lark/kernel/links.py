@@ -13,13 +13,17 @@ RTNH_F_ONLINK = 4
 IFA_F_NODAD = 0x02
 
 
-def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str, job_mac: str | None = None) -> None:
+def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str, job_mac: str | None = None,
+                mtu: int | None = None) -> None:
     # Creating the peer directly in the target netns avoids a 20 ms move between namespaces.
     peer = {"ifname": job_if, "net_ns_fd": ns_fd}
     if job_mac:
         peer["address"] = job_mac
+    extra = {}
+    if mtu:  # both ends in the same message (lark/kernel/mtu.py decides it)
+        peer["mtu"] = extra["mtu"] = mtu
     try:
-        ipr.link("add", ifname=host_if, kind="veth", state="up", peer=peer)
+        ipr.link("add", ifname=host_if, kind="veth", state="up", peer=peer, **extra)
     except NetlinkError as e:
         if e.code == 17:  # EEXIST: a leftover from a crashed setup of this slot
             raise LarkError("host interface already exists", job=job, obj=host_if,

@@ -198,6 +198,12 @@ class FakeHost:
                     pass
         # Offline sweep with this host's own config, then drop the namespaces themselves.
         self.lark("gc", "--purge", check=False)
+        # larkd's DNS forwarder daemonizes (it outlives larkd on purpose); gc --purge ends it only when no
+        # record is left, so end it here by its pid file too.
+        from lark.kernel.dns import Forwarder
+        pid = Forwarder(self.cfg).running_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
         if self.ovs:
             self.ovs.close()
         for name in os.listdir("/run/netns"):

@@ -7,6 +7,42 @@ import time
 import urllib.request
 
 
+def resolve(name: str, server: str, proto: str) -> dict:
+    """One A query, by hand (the job side has the standard library only); the first address answered."""
+    import struct
+    query = struct.pack(">HHHHHH", 0x4c4b, 0x0100, 1, 0, 0, 0) + b"".join(
+        bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0" + struct.pack(">HH", 1, 1)
+    try:
+        if proto == "tcp":
+            with socket.create_connection((server, 53), timeout=3) as s:
+                s.sendall(struct.pack(">H", len(query)) + query)
+                size = struct.unpack(">H", s.recv(2))[0]
+                reply = b""
+                while len(reply) < size:
+                    reply += s.recv(size - len(reply))
+        else:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.settimeout(3)
+                s.sendto(query, (server, 53))
+                reply = s.recvfrom(4096)[0]
+    except OSError as e:
+        return {"error": str(e)}
+    answers = struct.unpack(">H", reply[6:8])[0]
+    return {"address": socket.inet_ntoa(reply[-4:]) if answers else None, "answers": answers}
+
+
+def udp_size(host: str, port: int, size: int, dont_fragment: bool) -> dict:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        if dont_fragment:
+            s.setsockopt(socket.IPPROTO_IP, 10, 2)  # IP_MTU_DISCOVER = IP_PMTUDISC_DO
+        s.settimeout(3)
+        try:
+            s.sendto(b"m" * size, (host, port))
+            return {"echoed": int(s.recvfrom(100)[0])}
+        except OSError as e:
+            return {"error": str(e)}
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "download":
@@ -91,6 +127,16 @@ def main():
             n = len(r.read())
         print(json.dumps({"downloaded": n}), flush=True)
         time.sleep(float(args[1]))
+    elif cmd == "resolve":  # name nameserver [udp|tcp]: what a stub resolver does with resolv.conf's nameserver
+        print(json.dumps(resolve(args[0], args[1], args[2] if len(args) > 2 else "udp")))
+    elif cmd == "udp-size":  # host port size [df]: send one datagram, the echo server answers with its length
+        print(json.dumps(udp_size(args[0], int(args[1]), int(args[2]), len(args) > 3 and args[3] == "df")))
+    elif cmd == "mtu":  # the MTU of a device of the job's netns (sysfs shows the host's namespace)
+        import fcntl
+        import struct
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            got = fcntl.ioctl(s, 0x8921, struct.pack("16si", args[0].encode(), 0))  # SIOCGIFMTU
+        print(json.dumps({"mtu": struct.unpack("16si", got)[1]}))
     elif cmd == "sleep":
         time.sleep(float(args[0]))
         print(json.dumps({"slept": float(args[0])}))

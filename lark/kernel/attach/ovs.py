@@ -34,6 +34,13 @@ def cookie_of(key: str) -> str:
     return "0x" + hashlib.sha256(("ovs:" + key).encode()).hexdigest()[:15]
 
 
+def ra_guard_flows(cookie: str, port: str) -> str:
+    """No job port may act as a router (RAs, redirects) or DHCPv6 server: only the uplink side hands out IPv6
+    configuration (lark/kernel/ipv6auto.py). Above the job's allow rules, which pass its link-local source."""
+    return "".join(f"cookie={cookie},priority=110,in_port={port},{m},actions=drop\n"
+                   for m in ("icmp6,icmp_type=134", "icmp6,icmp_type=137", "udp6,tp_src=547"))
+
+
 class OvsMode(BridgedMode):
     name = "ovs_bridge"
     counts_by_link = True
@@ -94,6 +101,12 @@ class OvsMode(BridgedMode):
         if plan.vlan is not None:
             args += ["--", "set", "port", port, f"tag={int(plan.vlan)}"]
         self.vsctl(*args)
+        # The host end is still a plain netdev for the kernel: with the default arp_ignore=0 it answers the
+        # job's ARP for any host address with its own MAC, and what the job then sends to the host (DNS to
+        # the forwarder) lands on this device instead of the bridge's internal port. It has no address: never
+        # answer.
+        with open(f"/proc/sys/net/ipv4/conf/{port}/arp_ignore", "w") as f:
+            f.write("1")
 
     def secure(self, plan: JobNetwork, names: JobNames) -> None:
         port = names.host_if
@@ -107,6 +120,8 @@ class OvsMode(BridgedMode):
             allow += [f"ipv6,ipv6_src={plan.ipv6}", "ipv6,ipv6_src=fe80::/10", "ipv6,ipv6_src=::"]
         flows = "".join(f"cookie={c},priority=100,in_port={port},dl_src={mac},{m},actions=NORMAL\n" for m in allow)
         flows += f"cookie={c},priority=90,in_port={port},actions=drop\n"
+        if plan.ipv6:  # without IPv6 the priority-90 drop already takes all of it
+            flows += ra_guard_flows(c, port)
         self.ofctl("add-flows", "-", input=flows)
 
     def detach(self, names: JobNames) -> bool:

@@ -55,6 +55,11 @@ class IptablesFirewall(Firewall):
                 self._ipt(table, "-I", parent, "1", "-j", chain)
         # Chains without per-job content are rebuilt from config every time.
         self._ipt("filter", "-F", "LARK-INPUT")
+        if cfg.dns_forward:
+            # NAT jobs' DNS to the host's forwarder (lark/kernel/dns.py); not counted in this backend.
+            for proto in ("udp", "tcp"):
+                self._ipt("filter", "-A", "LARK-INPUT", "-i", WILD, "-d", cfg.dns_address, "-p", proto,
+                          "--dport", "53", "-j", "ACCEPT")
         self._ipt("filter", "-A", "LARK-INPUT", "-i", WILD, *EST, "-j", "ACCEPT")
         if not cfg.allow_job_to_host:
             self._ipt("filter", "-A", "LARK-INPUT", "-i", WILD, "-j", "DROP")

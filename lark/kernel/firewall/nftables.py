@@ -21,7 +21,13 @@ MAPS = {"pre_from_job": "pre", "fwd_from_job": "out", "fwd_to_job": "in"}
 # Bridge mode: bridged frames never reach the inet hooks (unless br_netfilter is loaded), so bridged jobs get
 # their anti-spoofing and counters in a bridge-family table of the same name.
 BR_MAPS = {"br_pre": "bpre", "br_out": "bout", "br_in": "bin"}
-JOB_CHAINS = ("pre", "out", "in", "bpre", "bout", "bin")
+# DNS to the host's forwarder (lark/kernel/dns.py): NAT jobs reach it through the inet input hook, bridged
+# jobs through the bridge table's input hook; per-job chains count it in the job's own counters.
+DNS_MAPS = {"dns_from_job": "dout", "dns_to_job": "din"}
+BR_DNS_MAPS = {"br_dns_from_job": "bdout", "br_dns_to_job": "bdin"}
+DNS_MARK = 0x4C4B0035  # set on bridged jobs' queries in the bridge table, checked at the inet input hook
+JOB_CHAINS = ("pre", "out", "in", "bpre", "bout", "bin", *DNS_MAPS.values(), *BR_DNS_MAPS.values())
+ALL_MAPS = (*MAPS, *BR_MAPS, *DNS_MAPS, *BR_DNS_MAPS)
 
 
 def _payload(proto: str, field: str) -> dict:
@@ -90,6 +96,129 @@ class NftablesFirewall(Firewall):
             out.append(self._rule(chain, _meta(fam["family"], v6), {"drop": None}, t=t))
         return out
 
+    # -- DNS to the host's forwarder ------------------------------------------------------------------
+    def _dns_match(self, field: str) -> list[dict]:
+        port = "dport" if field == "daddr" else "sport"
+        return [{"match": {"op": "==", "left": _payload("ip", field), "right": self.cfg.dns_address}},
+                {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": {"set": ["udp", "tcp"]}}},
+                {"match": {"op": "==", "left": _payload("th", port), "right": 53}}]
+
+    def _dns_base(self) -> list[dict]:
+        """inet table: jobs may reach the forwarder's port 53 and nothing else of its address; counted per job.
+        Goes first in `inp`, before the established-accept, so every query is counted."""
+        if not self.cfg.dns_forward:
+            return []
+        t, dns = self.t, self.cfg.dns_address
+        cmds: list[dict] = [{"add": {"map": {**t, "name": m, "type": "ifname", "map": "verdict"}}} for m in DNS_MAPS]
+        cmds += [{"add": {"chain": {**t, "name": "outp", "type": "filter", "hook": "output", "prio": 0,
+                                    "policy": "accept"}}},
+                 {"flush": {"chain": {**t, "name": "outp"}}}]
+        to_dns = {"match": {"op": "==", "left": _payload("ip", "daddr"), "right": dns}}
+        cmds += [
+            self._rule("inp", *self._dns_match("daddr"), {"vmap": {"key": {"meta": {"key": "iifname"}},
+                                                                   "data": "@dns_from_job"}}),
+            self._rule("inp", *self._dns_match("daddr"), _meta("mark", DNS_MARK), {"accept": None}),
+        ]
+        if self.cfg.bridge_range:
+            # OVS jobs arrive on the bridge's internal port; its OpenFlow rules pin each job to its address.
+            first, last = (x.strip() for x in self.cfg.bridge_range.split("-"))
+            cmds.append(self._rule("inp", *self._dns_match("daddr"), _meta("iifname", self.cfg.ovs_bridge_name),
+                                   {"match": {"op": "==", "left": _payload("ip", "saddr"),
+                                              "right": {"range": [first, last]}}}, {"accept": None}))
+        # Nobody else (the site's neighbours included) talks to the forwarder.
+        cmds.append(self._rule("inp", to_dns, _meta("iifname", "lo", op="!="), {"drop": None}))
+        cmds.append(self._rule("outp", *self._dns_match("saddr"),
+                               {"vmap": {"key": {"meta": {"key": "oifname"}}, "data": "@dns_to_job"}}))
+        return cmds
+
+    def _ovs_host_guard(self) -> list[dict]:
+        """OVS jobs reach the host through the bridge's internal port, not through their `lk-*` device, so the
+        catch-all drop for job devices misses them: drop new connections from job addresses there too."""
+        cfg = self.cfg
+        if not cfg.bridge_range or cfg.allow_job_to_host:
+            return []
+        cmds = []
+        for family, rng in (("ip", cfg.bridge_range), ("ip6", cfg.bridge_range6)):
+            if not rng:
+                continue
+            first, last = (x.strip() for x in rng.split("-"))
+            from_jobs = [_meta("iifname", cfg.ovs_bridge_name),
+                         {"match": {"op": "==", "left": _payload(family, "saddr"), "right": {"range": [first, last]}}}]
+            cmds.append(self._rule("inp", *from_jobs, _ct_state("established", "related"), {"accept": None}))
+            cmds.append(self._rule("inp", *from_jobs, {"drop": None}))
+        return cmds
+
+    def _dns_job(self, names: JobNames) -> list[dict]:
+        if not self.cfg.dns_forward:
+            return []
+        t, j = self.t, names.nft_id
+        cmds: list[dict] = []
+        for mapname, suffix in DNS_MAPS.items():
+            cmds += [{"add": {"chain": {**t, "name": f"{j}_{suffix}"}}}, {"flush": {"chain": {**t, "name": f"{j}_{suffix}"}}}]
+            counter = f"{j}_out" if suffix == "dout" else f"{j}_in"
+            cmds.append(self._rule(f"{j}_{suffix}", {"counter": counter}, {"accept": None}))
+            cmds.append({"add": {"element": {**t, "name": mapname,
+                                             "elem": [[names.host_if, {"goto": {"target": f"{j}_{suffix}"}}]]}}})
+        return cmds
+
+    def _dns_bridge_base(self) -> list[dict]:
+        """bridge table: a bridged job's queries to the forwarder (and its ARP for the host) may enter the host."""
+        if not self.cfg.dns_forward:
+            return []
+        tb = self.tb
+        cmds: list[dict] = [{"add": {"map": {**tb, "name": m, "type": "ifname", "map": "verdict"}}}
+                            for m in BR_DNS_MAPS]
+        cmds += [{"add": {"chain": {**tb, "name": "outp", "type": "filter", "hook": "output", "prio": 0,
+                                    "policy": "accept"}}},
+                 {"flush": {"chain": {**tb, "name": "outp"}}},
+                 self._rule("inp", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_dns_from_job"}},
+                            t=tb),
+                 # The route to the forwarder goes via the host's address: the job must resolve its MAC (the
+                 # pre chain already pinned the ARP sender to the job's own address and MAC).
+                 self._rule("inp", _meta("iifname", WILDCARD), _meta("protocol", "arp"), {"accept": None}, t=tb),
+                 self._rule("outp", {"vmap": {"key": {"meta": {"key": "oifname"}}, "data": "@br_dns_to_job"}},
+                            t=tb)]
+        return cmds
+
+    def _dns_bridge_job(self, names: JobNames) -> list[dict]:
+        if not self.cfg.dns_forward:
+            return []
+        tb, j = self.tb, names.nft_id
+        mark = {"mangle": {"key": {"meta": {"key": "mark"}}, "value": DNS_MARK}}
+        cmds: list[dict] = []
+        for suffix in BR_DNS_MAPS.values():
+            cmds += [{"add": {"chain": {**tb, "name": f"{j}_{suffix}"}}},
+                     {"flush": {"chain": {**tb, "name": f"{j}_{suffix}"}}}]
+        # Other frames return to `inp`, whose catch-all drop keeps the rest of the host closed.
+        cmds.append(self._rule(f"{j}_bdout", _meta("protocol", "ip"), *self._dns_match("daddr"),
+                               {"counter": f"{j}_out"}, mark, {"accept": None}, t=tb))
+        cmds.append(self._rule(f"{j}_bdin", _meta("protocol", "ip"), *self._dns_match("saddr"),
+                               {"counter": f"{j}_in"}, t=tb))
+        for mapname, suffix in BR_DNS_MAPS.items():
+            cmds.append({"add": {"element": {**tb, "name": mapname,
+                                             "elem": [[names.host_if, {"jump": {"target": f"{j}_{suffix}"}}]]}}})
+        return cmds
+
+    # -- IPv6 autoconfiguration (lark/kernel/ipv6auto.py) -------------------------------------------------
+    def _ra_guard_bridge(self) -> list[dict]:
+        """First in the bridge's `pre`: no job port may act as a router or DHCPv6 server for the others."""
+        tb = self.tb
+        return [self._rule("pre", _meta("iifname", WILDCARD), {"match": {"op": "==", "left": _payload("icmpv6", "type"),
+                           "right": {"set": ["nd-router-advert", "nd-redirect"]}}}, {"drop": None}, t=tb),
+                self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip6"), _meta("l4proto", "udp"),
+                           {"match": {"op": "==", "left": _payload("th", "sport"), "right": 547}}, {"drop": None},
+                           t=tb)]
+
+    def _rs_before_address(self) -> list[dict]:
+        """While larkd waits for a SLAAC address (the job is not running yet), its port may solicit a router."""
+        if self.cfg.bridge_ipv6 != "slaac":
+            return []
+        return [self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip6"),
+                           {"match": {"op": "==", "left": _payload("ip6", "saddr"),
+                                      "right": {"prefix": {"addr": "fe80::", "len": 10}}}},
+                           {"match": {"op": "==", "left": _payload("icmpv6", "type"), "right": "nd-router-solicit"}},
+                           {"accept": None}, t=self.tb)]
+
     def _bridge_base(self) -> list[dict]:
         tb = self.tb
         cmds: list[dict] = [{"add": {"table": {"family": "bridge", "name": self.table}}}]
@@ -99,6 +228,7 @@ class NftablesFirewall(Firewall):
             cmds.append({"add": {"chain": {**tb, "name": name, "type": "filter", "hook": hook, "prio": prio,
                                            "policy": "accept"}}})
             cmds.append({"flush": {"chain": {**tb, "name": name}}})
+        cmds += self._dns_bridge_base() + self._ra_guard_bridge()
         cmds += [
             # Frames from a job port go through its anti-spoofing chain; ports Lark does not know are dropped.
             self._rule("pre", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_pre"}}, t=tb),
@@ -109,6 +239,7 @@ class NftablesFirewall(Firewall):
                        {"match": {"op": "==", "left": _payload("udp", "sport"), "right": 68}},
                        {"match": {"op": "==", "left": _payload("udp", "dport"), "right": 67}},
                        {"accept": None}, t=tb),
+            *self._rs_before_address(),
             self._rule("pre", _meta("iifname", WILDCARD), {"drop": None}, t=tb),
             # Counting chains return, so a frame between two jobs is counted for both.
             self._rule("fwd", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_out"}}, t=tb),
@@ -141,6 +272,7 @@ class NftablesFirewall(Firewall):
             verdict = "goto" if suffix == "bpre" else "jump"
             cmds.append({"add": {"element": {**tb, "name": mapname,
                                              "elem": [[names.host_if, {verdict: {"target": f"{j}_{suffix}"}}]]}}})
+        cmds += self._dns_bridge_job(names)
         # With br_netfilter loaded, bridged IP also crosses the inet hooks: let the job's port through there
         # (the bridge table above already filtered it) instead of hitting the unknown-job-interface drops.
         for mapname in MAPS:
@@ -166,6 +298,7 @@ class NftablesFirewall(Firewall):
         for name, ctype, hook, prio in chains:
             cmds.append({"add": {"chain": {**t, "name": name, "type": ctype, "hook": hook, "prio": prio,
                                            "policy": "accept"}}})
+        cmds += self._dns_base() + self._ovs_host_guard()
         drop = {"drop": None}
         cmds += [
             self._rule("pre", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@pre_from_job"}}),
@@ -264,6 +397,7 @@ class NftablesFirewall(Firewall):
                                              "elem": [[names.host_if, {"goto": {"target": f"{j}_{suffix}"}}]]}}})
         if plan.inbound and plan.inbound_port:
             cmds.append({"add": {"element": {**t, "name": "inbound", "elem": [[plan.inbound_port, plan.ipv4]]}}})
+        cmds += self._dns_job(names)
         self._apply(cmds, f"nft rules of job {plan.job_id} ({names.host_if})")
 
     def _table_objs(self) -> list[tuple[dict, list[dict]]]:
@@ -282,7 +416,7 @@ class NftablesFirewall(Firewall):
         for t, objs in self._table_objs():
             for o in objs:
                 m = o.get("map")
-                if m and m.get("name") in (*MAPS, *BR_MAPS):
+                if m and m.get("name") in ALL_MAPS:
                     for key, _ in m.get("elem", []):
                         if key == names.host_if:
                             cmds.append({"delete": {"element": {**t, "name": m["name"], "elem": [key]}}})
@@ -350,7 +484,7 @@ class NftablesFirewall(Firewall):
                     if name.startswith(NFT_JOB_PREFIX):
                         keys.add(name[len(NFT_JOB_PREFIX):].rpartition("_")[0])
                 m = o.get("map")
-                if m and m.get("name") in (*MAPS, *BR_MAPS):
+                if m and m.get("name") in ALL_MAPS:
                     for key, _ in m.get("elem", []):
                         if isinstance(key, str) and key_from_host_if(key):
                             keys.add(key_from_host_if(key))

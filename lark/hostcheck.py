@@ -1,0 +1,132 @@
+"""The platform an execution point runs, as `lark doctor` reports it: HTCondor and Python versions, the firewall
+in charge next to Lark's own table, and the resolver jobs will see. Each finding says what Lark does about it
+and, when the admin must act, the fix.
+
+Every probe goes through a `Runner` (argv -> (exit code, stdout)) so the detection logic is tested with fakes.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+from .config import Config
+
+Runner = Callable[[list[str]], tuple[int, str]]
+NO_JOB_NETWORKING_SINCE = (24, 7, 3)   # the starter knob Lark's starter wrapper relies on
+PYTHON_SINCE = (3, 11)                 # tomllib, and what setup.py requires
+
+
+@dataclass
+class Finding:
+    what: str
+    found: str
+    ok: bool
+    action: str        # what Lark does about it
+    fix: str = ""      # what the admin must do (empty when nothing)
+
+
+def run_cmd(argv: list[str]) -> tuple[int, str]:
+    try:
+        cp = subprocess.run(argv, capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return 127, ""
+    return cp.returncode, cp.stdout
+
+
+def htcondor(run: Runner) -> Finding:
+    rc, out = run(["condor_version"])
+    m = re.search(r"\$CondorVersion:\s*(\d+)\.(\d+)\.(\d+)", out) if rc == 0 else None
+    if not m:
+        return Finding("HTCondor", "not found", False, "Lark networks HTCondor jobs only",
+                       "install HTCondor 24.7.3 or later (24.x from 24.7.3, or 25.x) from the HTCondor repositories")
+    ver = tuple(int(x) for x in m.groups())
+    found = ".".join(m.groups())
+    if ver < NO_JOB_NETWORKING_SINCE:
+        return Finding("HTCondor", found, False, "its starter has no NO_JOB_NETWORKING: jobs would share the "
+                       "host's network namespace and Lark cannot give them their own",
+                       "upgrade HTCondor to 24.7.3 or later (or 25.x)")
+    return Finding("HTCondor", found, True, "the starter wrapper turns on NO_JOB_NETWORKING for every job")
+
+
+def python(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> Finding:
+    found = ".".join(str(x) for x in version)
+    if tuple(version[:2]) < PYTHON_SINCE:
+        return Finding("Python", found, False, "larkd cannot run (needs tomllib and 3.11 syntax)",
+                       "install python3.11 (EL9: dnf install python3.11 python3.11-pip) and install Lark with it")
+    return Finding("Python", found, True, "supported")
+
+
+def firewalls(run: Runner, cfg: Config) -> list[Finding]:
+    """What else filters the forward path: a drop there drops jobs' traffic whatever Lark's table says
+    (every base chain of every table must accept a packet)."""
+    out: list[Finding] = []
+    rc, state = run(["firewall-cmd", "--state"])
+    if rc == 0 and state.strip() == "running":
+        sources = [cfg.subnet] + ([f"{cfg.bridge_range} (as CIDR blocks)"] if cfg.bridge_range else [])
+        out.append(Finding("firewall", "firewalld running", False,
+                           "Lark adds its own table and leaves firewalld's zones alone; firewalld rejects "
+                           "forwarded traffic between zones, so jobs' NAT traffic is rejected until their "
+                           "addresses are in a zone that forwards",
+                           "firewall-cmd --permanent --zone=trusted " +
+                           " ".join(f"--add-source={s}" for s in sources) + " && firewall-cmd --reload"))
+    rc, text = run(["nft", "-j", "list", "chains"])
+    if rc == 0 and text.strip():
+        for o in json.loads(text).get("nftables", []):
+            c = o.get("chain")
+            if not c or c.get("hook") != "forward" or c.get("policy") != "drop":
+                continue
+            if c.get("table") == cfg.nft_table or c.get("table") == "firewalld":
+                continue
+            where = f"{c['family']} {c['table']} {c['name']}"
+            out.append(Finding("firewall", f"nftables chain {where} (forward, policy drop)", False,
+                               "Lark's own table accepts and counts jobs' traffic, but this chain drops it too "
+                               "(bridged jobs as well when br_netfilter is loaded)",
+                               f"nft insert rule {where} iifname \"lk-*\" accept; "
+                               f"nft insert rule {where} oifname \"lk-*\" accept  (Lark filters them itself)"))
+    rc, text = run(["iptables-legacy-save", "-t", "filter"])
+    if rc == 0 and text.strip():
+        drop = re.search(r"^:FORWARD DROP", text, re.M)
+        rules = [line for line in text.splitlines() if line.startswith("-A ")]
+        if drop or rules:
+            fix = ("iptables-legacy -I FORWARD -i lk-+ -j ACCEPT && iptables-legacy -I FORWARD -o lk-+ -j ACCEPT"
+                   if drop else "")
+            action = ("legacy iptables rules run alongside nftables; Lark's nftables table does not see them" +
+                      ("; their FORWARD policy DROP drops jobs' traffic" if drop else ", nothing drops jobs"))
+            out.append(Finding("firewall", f"iptables-legacy ({len(rules)} rules"
+                               f"{', FORWARD policy DROP' if drop else ''})", not drop, action, fix))
+    if not out:
+        out.append(Finding("firewall", f"only Lark's ({cfg.firewall})", True,
+                           "nothing else filters the forward path"))
+    return out
+
+
+def resolver(cfg: Config, which: Callable[[str], str | None] = shutil.which) -> Finding:
+    from .kernel.dns import forwarder_status, loopback_nameservers
+    loop = loopback_nameservers(cfg.resolv_conf)
+    found = ", ".join(loop) or "no loopback nameserver"
+    if loop and cfg.dns_forward and not which("dnsmasq"):
+        return Finding("DNS", found, False, "jobs cannot resolve names: the forwarder needs dnsmasq",
+                       "apt-get install dnsmasq-base (Debian, Ubuntu) or dnf install dnsmasq (EL9)")
+    ok = not loop or cfg.dns_forward
+    return Finding("DNS", found, ok, forwarder_status(cfg), "" if ok else "set dns_forward = true in lark.toml")
+
+
+def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
+    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg)]
+
+
+def report(findings: list[Finding]) -> tuple[str, int]:
+    """Text for `lark doctor`, and how many findings need the admin."""
+    lines = ["", f"{'platform':<10} {'status':<7} found / what Lark does / fix"]
+    bad = 0
+    for f in findings:
+        bad += not f.ok
+        lines.append(f"{f.what:<10} {'ok' if f.ok else 'ACTION':<7} {f.found}: {f.action}")
+        if f.fix:
+            lines.append(f"{'':<18} fix: {f.fix}")
+    return "\n".join(lines), bad

@@ -1,0 +1,258 @@
+"""Name resolution for jobs when the host's resolver listens on loopback (systemd-resolved's 127.0.0.53 stub,
+a local dnsmasq/unbound/nscd on 127.0.0.1).
+
+A job shares the host's /etc/resolv.conf (HTCondor gives it no mount namespace of its own), so it sends its
+queries to 127.0.0.53 in *its own* netns, where nothing listens. Other runtimes solve the same problem by putting
+a forwarder on an address the container can reach and pointing the container's resolv.conf at it (netavark runs
+aardvark-dns on the bridge gateway, libvirt and the CNI dnsname plugin run dnsmasq there; podman without it drops
+loopback nameservers and falls back to systemd-resolved's upstream list). Lark cannot rewrite the job's
+resolv.conf, so it steers the packets instead:
+
+* on the host, one dnsmasq (a maintained forwarder, started by larkd, surviving larkd restarts through its pid
+  file) listens on a link-local service address (`dns_address`, default 169.254.53.53) on a Lark-owned device,
+  and forwards to the nameservers of `resolv_conf`. It runs in the host's netns, so it reaches 127.0.0.53 the
+  way any host process does, and systemd-resolved (which answers localhost senders only) sees 127.0.0.1.
+* in the job's netns (owned by the initial user namespace: the job cannot change any of it), an nftables table
+  DNATs UDP/TCP port 53 to the loopback nameservers over to the service address, masquerades the 127.0.0.1
+  source to the job's own address, and drops anything from outside addressed to 127.0.0.0/8 (route_localnet,
+  which the DNAT needs, would otherwise expose the job's loopback to its link). Bridged jobs get a host route
+  to the service address via the host's address on their bridge.
+* the host firewall lets a job reach only that address and port (the rest of the host stays closed) and
+  counts the queries and answers in the job's bytes (firewall/nftables.py, the `dns_*` pieces).
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import threading
+import time
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from ..config import Config
+from ..errors import LarkError
+from . import netns
+from .firewall import libnft
+from .firewall.base import run_tool
+
+log = logging.getLogger(__name__)
+DEVICE = "lkdns0"
+RTNH_F_ONLINK = 4
+
+
+def loopback_nameservers(path: str) -> list[str]:
+    """IPv4 nameservers of a resolv.conf that a job cannot reach from its own netns (127.0.0.0/8)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        log.warning("cannot read %s (%s): jobs keep whatever resolver they find", path, e)
+        return []
+    out = []
+    for line in text.splitlines():
+        parts = line.split("#", 1)[0].split()
+        if len(parts) >= 2 and parts[0] == "nameserver":
+            try:
+                addr = ipaddress.ip_address(parts[1].split("%", 1)[0])
+            except ValueError:
+                continue
+            if addr.is_loopback and addr.version == 4 and str(addr) not in out:
+                out.append(str(addr))
+            elif addr.is_loopback:
+                log.warning("nameserver %s in %s is IPv6 loopback: jobs cannot use it (only IPv4 loopback "
+                            "resolvers are steered)", addr, path)
+    return out
+
+
+def job_ruleset(nameservers: list[str], service: str) -> str:
+    """The nftables table that steers a job's DNS for loopback nameservers to the host's forwarder."""
+    targets = ", ".join(nameservers)
+    return f"""table ip lark_dns {{
+  chain steer {{
+    type nat hook output priority -100; policy accept;
+    ip daddr {{ {targets} }} meta l4proto {{ udp, tcp }} th dport 53 dnat to {service}
+  }}
+  chain source {{
+    type nat hook postrouting priority 100; policy accept;
+    oif != "lo" ip saddr 127.0.0.0/8 masquerade
+  }}
+  chain guard {{
+    type filter hook prerouting priority -300; policy accept;
+    iif != "lo" ip daddr 127.0.0.0/8 drop
+  }}
+}}
+"""
+
+
+def steer_job(ns_fd: int, netns_path: str, job_if: str, job_idx: int, nameservers: list[str], service: str,
+              via: str | None, job: str) -> None:
+    """Make the job's queries to loopback nameservers reach the host's forwarder (inside the job's netns).
+
+    `via`: the host's address on a bridged job's network (the route to the service address); None in NAT
+    mode, where the job's default route already leads to the host.
+    """
+    if not nameservers:
+        return
+    # Locally generated packets to 127/8 may leave through a real device only with route_localnet;
+    # the guard chain keeps the job's loopback closed to its link.
+    netns.write_sysctl_in(ns_fd, f"net.ipv4.conf.{job_if}.route_localnet", "1")
+    rules = job_ruleset(nameservers, service)
+    got = libnft.run_in_netns(ns_fd, rules)
+    if got is None:
+        run_tool(["nsenter", f"--net={netns_path}", "nft", "-f", "-"], input=rules, what=f"DNS steering of job {job}")
+    elif got[0] != 0:
+        raise LarkError(f"nft failed: {got[2].strip()[:300]}", job=job, obj="DNS steering in the job's netns")
+    if via:
+        with netns.netlink_in(ns_fd) as nipr:
+            nipr.route("add", dst=f"{service}/32", gateway=via, oif=job_idx, flags=RTNH_F_ONLINK)
+
+
+def host_address_on(ipr: IPRoute, ifname: str) -> str | None:
+    """The host's first IPv4 address on a device (a bridged job reaches the forwarder through it)."""
+    idx = ipr.link_lookup(ifname=ifname)
+    if not idx:
+        return None
+    for a in ipr.get_addr(index=idx[0], family=2):
+        return a.get_attr("IFA_ADDRESS")
+    return None
+
+
+class Forwarder:
+    """The host-side DNS forwarder: a Lark-owned device holding `dns_address`, and a dnsmasq on it."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.pid_file = os.path.join(cfg.run_dir, "dns-forwarder.pid")
+        self._lock = threading.Lock()
+
+    @property
+    def wanted(self) -> list[str]:
+        """The loopback nameservers jobs must be steered away from ([] when there is nothing to do)."""
+        return loopback_nameservers(self.cfg.resolv_conf) if self.cfg.dns_forward else []
+
+    def running_pid(self) -> int | None:
+        try:
+            pid = int(open(self.pid_file).read().strip())
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except (OSError, ValueError):
+            return None
+        # A reused pid is not ours: the command line must name this pid file.
+        if cmdline and os.path.basename(cmdline[0]) == b"dnsmasq" and f"--pid-file={self.pid_file}".encode() \
+                in cmdline:
+            return pid
+        return None
+
+    def ensure(self, ipr: IPRoute) -> None:
+        """Device, address and dnsmasq present; cheap when they are (called before every job that needs it)."""
+        with self._lock:
+            self._ensure_device(ipr)
+            if self.running_pid() is None:
+                self._start()
+
+    def _ensure_device(self, ipr: IPRoute) -> None:
+        idx = ipr.link_lookup(ifname=DEVICE)
+        if not idx:
+            # dummy is the natural home of a service address; kernels built without it have ifb, which is
+            # just as inert when nothing redirects traffic to it.
+            for kind in ("dummy", "ifb"):
+                try:
+                    ipr.link("add", ifname=DEVICE, kind=kind)
+                    break
+                except NetlinkError as e:
+                    log.debug("cannot create %s device %s: %s", kind, DEVICE, e)
+            idx = ipr.link_lookup(ifname=DEVICE)
+            if not idx:
+                raise LarkError("cannot create the DNS forwarder's device (no dummy or ifb support)", obj=DEVICE,
+                                fix="load the dummy module, or set dns_forward = false and give the host a "
+                                    "resolver jobs can reach")
+        have = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=idx[0], family=2)}
+        if self.cfg.dns_address not in have:
+            ipr.addr("add", index=idx[0], address=self.cfg.dns_address, prefixlen=32)
+        ipr.link("set", index=idx[0], state="up")
+
+    def argv(self) -> list[str]:
+        return ["dnsmasq", "--conf-file=/dev/null", f"--pid-file={self.pid_file}",
+                f"--listen-address={self.cfg.dns_address}", "--bind-interfaces", f"--interface={DEVICE}",
+                f"--no-dhcp-interface={DEVICE}", f"--resolv-file={self.cfg.resolv_conf}", "--no-hosts"]
+
+    def _start(self) -> None:
+        os.makedirs(self.cfg.run_dir, exist_ok=True)
+        # dnsmasq daemonizes (the pid file is written by then): it outlives a larkd crash, and the next larkd
+        # adopts it by its pid file.
+        cp = run_tool(self.argv(), what="DNS forwarder (dnsmasq)", check=False)
+        if cp.returncode != 0:
+            raise LarkError(f"dnsmasq did not start: {cp.stderr.strip()[:300]}", obj="DNS forwarder",
+                            fix=f"make sure nothing else listens on {self.cfg.dns_address}:53, or set "
+                                "dns_forward = false")
+        deadline = time.time() + 5
+        while self.running_pid() is None and time.time() < deadline:
+            time.sleep(0.02)
+        log.info("DNS forwarder listening on %s:53, forwarding to the nameservers of %s (pid %s)",
+                 self.cfg.dns_address, self.cfg.resolv_conf, self.running_pid())
+
+    def stop(self, ipr: IPRoute | None = None) -> bool:
+        """End our dnsmasq (by its pid file) and remove the device; safe to repeat."""
+        done = False
+        pid = self.running_pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(100):
+                if not os.path.exists(f"/proc/{pid}"):
+                    break
+                time.sleep(0.02)
+            done = True
+        try:
+            os.unlink(self.pid_file)
+        except FileNotFoundError:
+            pass
+        own = ipr or IPRoute()
+        try:
+            idx = own.link_lookup(ifname=DEVICE)
+            if idx:
+                own.link("del", index=idx[0])
+                done = True
+        finally:
+            if ipr is None:
+                own.close()
+        return done
+
+
+def forwarder_status(cfg: Config) -> str:
+    """One line for `lark doctor` / status: what Lark does about the host's resolver."""
+    loop = loopback_nameservers(cfg.resolv_conf)
+    if not loop:
+        return f"{cfg.resolv_conf}: no loopback nameserver, jobs use it as it is"
+    if not cfg.dns_forward:
+        return (f"{cfg.resolv_conf}: loopback nameservers {', '.join(loop)} and dns_forward = false: jobs cannot "
+                "resolve names (fix: set dns_forward = true)")
+    return (f"{cfg.resolv_conf}: loopback nameservers {', '.join(loop)}: larkd forwards jobs' DNS through "
+            f"{cfg.dns_address}")
+
+
+
+def setup_job(fwd: Forwarder, ipr: IPRoute, network_type: str, ipv4: str | None, ns_fd: int, netns_path: str,
+              job_if: str, job_idx: int, job: str) -> list[str]:
+    """Steer one job's DNS for the host's loopback nameservers to the forwarder; the nameservers steered."""
+    servers = fwd.wanted
+    if not servers or not ipv4:
+        return []
+    try:
+        fwd.ensure(ipr)
+    except LarkError as e:
+        # A job without name resolution still runs (as it would without Lark); `lark doctor` names the fix.
+        log.error("job %s: no DNS forwarder, so it cannot resolve names through %s: %s", job,
+                  ", ".join(servers), e)
+        return []
+    via = None
+    if network_type != "nat":
+        device = fwd.cfg.ovs_bridge_name if network_type == "ovs_bridge" else fwd.cfg.bridge_name
+        via = host_address_on(ipr, device)
+        if via is None:
+            log.warning("job %s: the host has no IPv4 address on %s, so the job cannot reach the DNS forwarder "
+                        "for %s", job, device, ", ".join(servers))
+            return []
+    steer_job(ns_fd, netns_path, job_if, job_idx, servers, fwd.cfg.dns_address, via, job)
+    return servers

@@ -1,0 +1,53 @@
+"""The MTU of a job's link: what the network behind it carries, not the kernel's 1500 default.
+
+A bridged job behind a 1450-byte overlay uplink at 1500 sends frames the bridge silently drops at the uplink
+(no router sits in between to say "fragmentation needed"); behind a 9000-byte HPC uplink it wastes throughput
+and, as a bridge port, pulls the whole bridge (the host's own address included) down to 1500. The CNI bridge
+plugin and netavark take the MTU from the network's config or, by default, from the interface of the default
+route; Lark does the same per mode: bridged jobs follow the device they are attached to (the bridge, whose
+MTU is its smallest port, or the OVS uplink), NAT jobs follow the route out (its `mtu` metric if it has one,
+else its device). `job_mtu` overrides all of it.
+"""
+from __future__ import annotations
+
+import logging
+
+from pyroute2 import IPRoute
+
+from ..config import Config
+
+log = logging.getLogger(__name__)
+DEFAULT = 1500
+
+
+def device_mtu(ipr: IPRoute, ifname: str) -> int | None:
+    idx = ipr.link_lookup(ifname=ifname) if ifname else []
+    if not idx:
+        return None
+    return ipr.get_links(idx[0])[0].get_attr("IFLA_MTU")
+
+
+def route_out_mtu(ipr: IPRoute, uplink: str) -> int | None:
+    """MTU of the IPv4 default route: its `mtu` metric, else its device's; the uplink's without one."""
+    for r in ipr.get_default_routes(family=2):
+        metrics = r.get_attr("RTA_METRICS")
+        if metrics is not None and metrics.get_attr("RTAX_MTU"):
+            return metrics.get_attr("RTAX_MTU")
+        oif = r.get_attr("RTA_OIF")
+        if oif:
+            return ipr.get_links(oif)[0].get_attr("IFLA_MTU")
+    return device_mtu(ipr, uplink)
+
+
+def for_job(ipr: IPRoute, cfg: Config, network_type: str) -> int:
+    """The MTU both ends of a job's veth get."""
+    if cfg.job_mtu:
+        return cfg.job_mtu
+    if network_type == "bridge":
+        found = device_mtu(ipr, cfg.bridge_name)
+    elif network_type == "ovs_bridge":
+        # The OVS internal port does not track its ports' MTU on every datapath: the uplink is the truth.
+        found = device_mtu(ipr, cfg.ovs_uplink) or device_mtu(ipr, cfg.ovs_bridge_name)
+    else:
+        found = route_out_mtu(ipr, cfg.uplink)
+    return found or DEFAULT
