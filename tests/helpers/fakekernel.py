@@ -128,7 +128,7 @@ def _fake_netns(k: FakeKernel) -> SimpleNamespace:
 
 
 def _fake_links(k: FakeKernel) -> SimpleNamespace:
-    def create_veth(ipr, host_if, job_if, ns_fd, job, job_mac=None) -> None:
+    def create_veth(ipr, host_if, job_if, ns_fd, job, job_mac=None, mtu=None) -> None:
         k.step("links.create_veth")
         k.objects.add(("link", host_if))
 
@@ -168,6 +168,8 @@ def fake_networker(tmp: str, monkeypatch, **cfg_overrides) -> tuple[JobNetworker
     monkeypatch.setattr(sweep_mod, "IPRoute", contextlib.nullcontext)
     monkeypatch.setattr(jobnet_mod.shaping, "apply", lambda *a: k.step("shaping.apply"))
     monkeypatch.setattr(jobnet_mod.job_netns, "block_inbound", lambda *a: k.step("job_netns.block_inbound"))
+    monkeypatch.setattr(jobnet_mod, "mtu", SimpleNamespace(for_job=lambda ipr, cfg, network_type: cfg.job_mtu or 1500))
+    monkeypatch.setattr(jobnet_mod.dns, "setup_job", lambda *a: k.step("dns.setup_job"))
     fw = FakeFirewall(cfg, k)
     net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
                        FinishedStore(os.path.join(cfg.state_dir, "finished")))

@@ -1,4 +1,5 @@
 """Policy compilation (job ads -> flow specs), the registry, registrations, config and larkd's client errors."""
+import dataclasses
 import logging
 import socket
 
@@ -12,7 +13,7 @@ from lark.controller.model import COOKIE_TAG_MASK, JOB_COOKIE_TAG, JobReg
 from lark.controller.registry import Registry
 from lark.daemon.controller_client import ControllerClient, registration
 from lark.errors import LarkError
-from lark.plan import NetworkPlan
+from lark.plan import Addresses, JobNetwork, NetworkPlan
 
 POLICIES = {
     "policy": [
@@ -128,8 +129,10 @@ def test_larkd_config_keys_are_checked():
 
 
 def plan():
-    return NetworkPlan(job_id="5.0", slot="slot1", key="k1", network_type="bridge", owner="alice",
-                       accounting_group="cms", ipv4="10.77.1.5", vlan=7, job_attrs={"ProjectName": "lhc"})
+    """A bridged job's network as setup built it: the decided plan and its address."""
+    decided = NetworkPlan(job_id="5.0", slot="slot1", key="k1", network_type="bridge", owner="alice",
+                          accounting_group="cms", vlan=7, job_attrs={"ProjectName": "lhc"})
+    return JobNetwork(decided, Addresses(ipv4="10.77.1.5"))
 
 
 def test_registration_carries_what_the_policies_need():
@@ -173,8 +176,8 @@ def test_controller_down_fail_open_warns(tls, caplog):
 
 
 def test_nat_jobs_and_disabled_client_do_not_register(tls):
-    nat = plan()
-    nat.network_type = "nat"
+    bridged = plan()
+    nat = JobNetwork(dataclasses.replace(bridged.plan, network_type="nat"), bridged.addrs)
     client(tls, "closed").register(nat, "")   # would raise if it tried: nothing listens
     ControllerClient(Config(), records=None).register(plan(), "02:00:00:00:00:05")
 
