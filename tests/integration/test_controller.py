@@ -191,3 +191,13 @@ def test_openflow_over_tls(tmp_path):
         assert not p.connects("alice1", p.ip("bob")) and p.connects("alice1", GW, 7000)
     finally:
         p.close()
+
+
+def test_sigterm_stops_the_controller_and_the_flows_stay(pool):
+    import signal
+    jobs(pool)
+    pool.ctl.send_signal(signal.SIGTERM)
+    assert pool.ctl.wait(10) == 0
+    assert "stopping on signal 15" in pool.log()
+    assert len([f for f in pool.flows() if "cookie=0x4a" in f]) == 22
+    assert pool.connects("alice1", pool.ip("alice2")) and not pool.connects("alice1", pool.ip("bob"))
