@@ -110,6 +110,33 @@ def registrations(pool: SdnPool) -> tuple[list[float], list[float], float, float
     return times, server, seq_rate, conc_rate
 
 
+def larkd_client_registrations(pool: SdnPool) -> list[float]:
+    """The path larkd takes (lark.daemon.controller_client: one kept-alive TLS connection), timed per job from
+    the call to the controller's acknowledgement."""
+    from lark.config import Config
+    from lark.daemon.controller_client import ControllerClient
+    from lark.kernel import netns as nsutil
+    from lark.plan import NetworkPlan
+    cfg = Config(controller_url=f"https://127.0.0.1:{pool.api_port}", controller_ca=str(pool.tls / "ca.pem"),
+                 controller_cert=str(pool.tls / "ep1.pem"), controller_key=str(pool.tls / "ep1.key"),
+                 controller_timeout=5.0).validate()
+    client = ControllerClient(cfg, records=None)
+    times = []
+    fd = os.open(f"/run/netns/{pool.core}", os.O_RDONLY)
+    try:
+        with nsutil.entered(fd):   # the controller listens on the core netns' loopback
+            for i in range(N_REG):
+                r = fake_reg(40000 + i)
+                plan = NetworkPlan(job_id=r["job_id"], slot=f"slot{i}", key=r["key"], network_type="bridge",
+                                   owner=r["owner"], accounting_group=r["accounting_group"], ipv4=r["addresses"][0])
+                t = time.perf_counter()
+                client.register(plan, r["mac"])   # raises unless acknowledged (controller_failure = closed)
+                times.append((time.perf_counter() - t) * 1000)
+    finally:
+        os.close(fd)
+    return times
+
+
 def scale(pool: SdnPool, n: int) -> tuple[int, float, int, int]:
     """RSS (KiB) with n registered jobs, the time one resync of that size took, and flows on the switch."""
     t0 = time.perf_counter()
@@ -164,10 +191,13 @@ def main() -> int:
                          "ms"))
             rows.append((f"first packet {conv}, controller", statistics.median(ctl[conv]), pct(ctl[conv], 90), "ms"))
         reg, server, seq_rate, conc_rate = registrations(pool)
-        rows.append(("registration -> flows acknowledged, larkd side (p50/p99)", statistics.median(reg),
+        rows.append(("registration -> flows acknowledged, new TLS conn (p50/p99)", statistics.median(reg),
                      pct(reg, 99), "ms"))
         rows.append(("  of which in the controller: request -> barrier", statistics.median(server),
                      pct(server, 99), "ms"))
+        kept = larkd_client_registrations(pool)
+        rows.append(("  larkd's client, kept-alive connection (p50/p99)", statistics.median(kept), pct(kept, 99),
+                     "ms"))
         rows.append(("registrations per second (1 EP / 4 EPs at once)", seq_rate, conc_rate, "/s"))
         # Only ep1's simulated jobs remain besides the other EPs' 4 x N_REG/4: count what is registered.
         rss1k, t1k, f1k, n1k = scale(pool, 1000)
@@ -187,7 +217,8 @@ def main() -> int:
     all_plain = plain["job-to-job"] + plain["job-to-WAN"]
     all_ctl = ctl["job-to-job"] + ctl["job-to-WAN"]
     ratio = statistics.median(all_ctl) / statistics.median(all_plain)
-    print(f"first_packet_ratio={ratio:.2f} flows_per_job={flows_per_job} register_p99_ms={pct(reg, 99):.1f}")
+    # register_p99_ms: the path larkd takes (kept-alive connection), request to barrier acknowledged.
+    print(f"first_packet_ratio={ratio:.2f} flows_per_job={flows_per_job} register_p99_ms={pct(kept, 99):.1f}")
     return 0
 
 

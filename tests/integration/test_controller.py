@@ -170,6 +170,7 @@ def test_a_restart_with_fewer_policies_removes_their_flows(pool):
     base_before = [f for f in pool.flows() if "cookie=0x4c41524b00000000" in f]
     pool.kill_controller()
     pool.policies = POLICIES.split('[[policy]]\nname = "students-no-wan"')[0]   # keep "blocked" and "slices"
+    pool.reconcile_grace = 60.0   # no EP resyncs here: keep job cookies out of this test's window
     pool.write_config()
     pool.start_controller()
     pool.wait_switch()
@@ -191,3 +192,13 @@ def test_openflow_over_tls(tmp_path):
         assert not p.connects("alice1", p.ip("bob")) and p.connects("alice1", GW, 7000)
     finally:
         p.close()
+
+
+def test_sigterm_stops_the_controller_and_the_flows_stay(pool):
+    import signal
+    jobs(pool)
+    pool.ctl.send_signal(signal.SIGTERM)
+    assert pool.ctl.wait(10) == 0
+    assert "stopping on signal 15" in pool.log()
+    assert len([f for f in pool.flows() if "cookie=0x4a" in f]) == 22
+    assert pool.connects("alice1", pool.ip("alice2")) and not pool.connects("alice1", pool.ip("bob"))

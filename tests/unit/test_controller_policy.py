@@ -238,13 +238,22 @@ def test_unregister_and_resync_remove_by_cookie_and_are_idempotent(service):
 def test_larkd_accepts_only_the_controllers_certificate(tls):
     import ssl as _ssl
     import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from http.server import BaseHTTPRequestHandler
     from lark.controller import certs
 
     certs.make(str(tls), ["ep2"])   # another EP's certificate from the same CA, posing as the controller
 
     class Ack(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"   # keep-alive, as the controller's API
+        connections = []
+
+        def setup(self):
+            super().setup()
+            Ack.connections.append(self.client_address)
+
         def do_POST(self):
+            # Answer, then drop the connection without saying so: the client's kept connection goes stale.
+            self.close_connection = True
             self.rfile.read(int(self.headers["Content-Length"]))
             data = b'{"cookie": "0x4a", "flows_per_switch": 5, "switches": 1}'
             self.send_response(200)
@@ -256,7 +265,8 @@ def test_larkd_accepts_only_the_controllers_certificate(tls):
             pass
 
     def serve(name):
-        srv = HTTPServer(("127.0.0.1", 0), Ack)
+        from http.server import ThreadingHTTPServer
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Ack)
         ctx = _ssl.SSLContext(_ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(str(tls / f"{name}.pem"), str(tls / f"{name}.key"))
         srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
@@ -270,7 +280,10 @@ def test_larkd_accepts_only_the_controllers_certificate(tls):
                        controller_cert=str(tls / "ep1.pem"), controller_key=str(tls / "ep1.key"),
                        controller_timeout=2.0).validate()
             if accepted:
-                ControllerClient(c, records=None).register(plan(), "02:00:00:00:00:05")
+                client = ControllerClient(c, records=None)
+                client.register(plan(), "02:00:00:00:00:05")
+                client.register(plan(), "02:00:00:00:00:05")   # the stale connection is replaced once
+                assert len(Ack.connections) == 2
             else:
                 with pytest.raises(LarkError) as e:
                     ControllerClient(c, records=None).register(plan(), "02:00:00:00:00:05")
