@@ -17,6 +17,7 @@ CORE_ATTRS = [
 # Job attributes kept besides the core ones, so `--by` can group by them later (`--attr` adds more at import).
 DEFAULT_EXTRA_ATTRS = ["JobBatchName", "ProjectName", "x509UserProxyVOName", "JobUniverse", "JobStatus"]
 
+
 def extra_attributes(more: list[str] | None) -> list[str]:
     """The job attributes kept for grouping: the defaults and `--attr` ones, each once, sorted."""
     return sorted(set(DEFAULT_EXTRA_ATTRS) | set(more or []))
@@ -42,7 +43,6 @@ class Row:
 
 
 # One encoder for every row: json.dumps with options builds a new encoder per call, a quarter of the row cost.
-# Compact and sorted, as SQLite's json_object writes them for history-file ads (cache.raw_insert_sql).
 _encode_extra = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode
 
 
@@ -110,7 +110,13 @@ def _float0(v: Any) -> float:
 
 
 def _opt_float(v: Any) -> float | None:
-    return None if v is None else _float0(v) if not isinstance(v, bool) else None
+    """A figure that may be absent (a limit, a request): None stays None, also for `undefined` text."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return _num(decode_literal(v) if type(v) is str else v)
 
 
 def _text(v: Any) -> str:

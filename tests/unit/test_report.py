@@ -334,3 +334,15 @@ def test_history_file_and_schedd_paths_store_the_same_rows(tmp_path_factory, ads
     finally:
         by_file.close()
         by_schedd.close()
+
+
+def test_history_file_read_in_small_blocks_gives_the_same_ads(tmp_path):
+    """Ads cut across read blocks are put back together; the offset is always after a whole ad."""
+    f = tmp_path / "h"
+    f.write_text(history_text([ad(i, bin_=i * 10) for i in range(1, 30)]))
+    whole = [a for a, _ in read_history_file(str(f))]
+    pieces = list(read_history_file(str(f), block=97))
+    assert [a for a, _ in pieces] == whole and len(whole) == 29
+    text = f.read_bytes()
+    assert all(text[:end].endswith(b"\n") and text[:end].rstrip().splitlines()[-1].startswith(b"***")
+               for _, end in pieces)
