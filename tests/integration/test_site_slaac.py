@@ -58,8 +58,9 @@ def test_job_gets_its_slaac_address_and_reaches_the_world_with_it(site6):
     assert cp.returncode == 0, cp.stderr + host.larkd_log()
     seen = ipaddress.IPv6Address(json.loads(cp.stdout)["seen_as"])
     assert seen in PREFIX, seen
-    from lark.names import JobNames
-    assert seen == eui64(JobNames("slot1", host.cfg.netns_prefix).job_mac), seen
+    from lark.names import JobNames, host_mac_seed
+    mac = JobNames("slot1", host.cfg.netns_prefix, mac_seed=host_mac_seed(host.cfg.job_mac_seed)).job_mac
+    assert seen == eui64(mac), seen
     assert host.wait_clean() == {k: [] for k in host.residue()}
 
 
