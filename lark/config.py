@@ -45,9 +45,12 @@ class Config:
     enable_ip_forward: bool = True
     default_network_type: str = "nat"
     bandwidth_mbit: int = 0             # used by detect-bandwidth when the uplink reports no speed
-    # Limit for jobs whose slot was allocated no Bandwidth: "unlimited", "share" (the machine's bandwidth
-    # times the slot's share of its cpus), or a number of Mbit/s.
-    default_bandwidth: str = "unlimited"
+    # Limit for jobs whose slot was allocated no Bandwidth: "fair" (an equal share of what the running
+    # reserved jobs leave of the link, so the sum of limits never exceeds it), "unlimited", "share" (the
+    # machine's bandwidth times the slot's share of its cpus), or a number of Mbit/s.
+    default_bandwidth: str = "fair"
+    # "fair": the least an unreserved job gets when reservations fill the link (Mbit/s, each direction).
+    fair_share_floor_mbit: float = 1.0
     # Bridge mode: jobs get addresses on the site network through a Linux bridge.
     bridge_name: str = "lkbr0"          # created if missing (STP off, forward delay 0), adopted if present
     bridge_uplink: str = ""             # enslaved when Lark creates the bridge; its addresses move to the bridge
@@ -162,14 +165,17 @@ class Config:
                 raise bad("bridge_range6", f"{self.bridge_range6} is empty or larger than 2^20 addresses",
                           "give first-last of at most a million addresses")
         self.default_bandwidth = str(self.default_bandwidth)
-        if self.default_bandwidth not in ("unlimited", "share"):
+        if self.default_bandwidth not in ("fair", "unlimited", "share"):
             try:
                 mbit = float(self.default_bandwidth)
             except ValueError:
                 mbit = -1.0
             if not 0 < mbit <= 10_000_000:
                 raise bad("default_bandwidth", f"{self.default_bandwidth!r} is not a limit",
-                          'use "unlimited", "share" or a number of Mbit/s such as "100"')
+                          'use "fair", "unlimited", "share" or a number of Mbit/s such as "100"')
+        if not 0 < float(self.fair_share_floor_mbit) <= 10_000_000:
+            raise bad("fair_share_floor_mbit", f"{self.fair_share_floor_mbit!r} is not a rate",
+                      "use a number of Mbit/s above 0, such as 1")
         return self
 
 

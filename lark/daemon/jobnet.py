@@ -13,6 +13,7 @@ import time
 from pyroute2 import IPRoute
 
 from ..kernel import dhcp, links, netns, shaping
+from ..kernel.fairshare import FairShare, link_jobs, shares
 from ..kernel.firewall import job_netns
 from ..kernel.accounting import Accountant, link_reading
 from ..config import Config
@@ -41,6 +42,7 @@ class JobNetworker:
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
+        self.fair = FairShare(cfg.fair_share_floor_mbit)
 
     @property
     def pools(self) -> list:
@@ -106,10 +108,14 @@ class JobNetworker:
                 # One netlink socket in the job's netns for everything done there (each costs ~1 ms).
                 with netns.netlink_in(ns_fd) as nipr:
                     job_idx = self._address(plan, rec, n, mode, ns_fd, nipr, use_dhcp)
-                    if plan.rate_limit_mbit:
-                        limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
-                        shaping.apply(ipr, host_idx, nipr, job_idx, limit, plan.job_id)
-                        rec.steps.append("shaping")
+                    with self.fair.lock:  # the limits on the link change one job at a time
+                        self._fair_rebalance(ipr, plan)
+                        if plan.rate_limit_mbit:
+                            limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
+                            shaping.apply(ipr, host_idx, nipr, job_idx, limit, plan.job_id)
+                            rec.steps.append("shaping")
+                            rec.plan = plan.to_dict()
+                            self.records.save(rec)
                 mode.secure(plan, n)
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
@@ -219,6 +225,18 @@ class JobNetworker:
             log.warning("could not release DHCP lease %s of job %s: %s", lease.address, rec.job_id, e)
         self.leases.drop(key)
 
+    def _fair_rebalance(self, ipr: IPRoute, new: NetworkPlan | None) -> None:
+        """Hold `self.fair.lock`. Moves the running unreserved jobs to their fair share of what reservations
+        leave, counting `new` (a job being set up); a fair-share `new` gets its own share in its plan."""
+        running = link_jobs(self.records.all(), new, lambda k: self.names(k).job_if, self.netns_path)
+        for key, mbit in self.fair.rebalance(ipr, running, skip=new.key if new else None).items():
+            r = self.records.load(key)
+            if r:
+                r.plan["rate_limit_mbit"] = mbit
+                self.records.save(r)
+        if new is not None and new.fair_share_capacity_mbit:
+            new.rate_limit_mbit = shares(running, self.fair.floor)[new.key]
+
     def _host_netlink(self) -> IPRoute:
         # One netlink socket per worker thread, reused across jobs (opening one costs ~1 ms).
         ipr = getattr(self._local, "ipr", None)
@@ -262,5 +280,8 @@ class JobNetworker:
                             "accounting_group": plan.get("accounting_group"), "reason": reason})
             self.finished.save(key, summary)
         self.records.delete(key)
+        if rec and (rec.plan.get("rate_limit_mbit") or rec.plan.get("fair_share_capacity_mbit")):
+            with self.fair.lock:  # what this job held goes back to the unreserved jobs
+                self._fair_rebalance(ipr, None)
         log.info("tore down network of %s (%s)", rec.job_id if rec else key, reason)
         return summary
