@@ -10,7 +10,7 @@ setup(
         "pyroute2>=0.9,<0.10",
         "htcondor>=24.0",
     ],
-    extras_require={"test": ["pytest", "hypothesis"], "bench": ["matplotlib"]},
+    extras_require={"test": ["pytest", "hypothesis", "scapy"], "bench": ["matplotlib"]},
     entry_points={
         "console_scripts": [
             "larkd=lark.daemon.server:main",

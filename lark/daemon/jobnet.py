@@ -98,6 +98,8 @@ class JobNetworker:
                 mode = self.modes[plan.network_type]
                 ipr = self._host_netlink()
                 mode.ensure_prepared(ipr)
+                if mode.name == "bridge":
+                    self.fw.ensure_bridge_base()  # the port is filtered from the moment it joins
                 use_dhcp = self._reserve(plan, mode, ns_fd)
                 rec.plan = plan.to_dict()
                 self.records.step(rec, "address")

@@ -88,3 +88,146 @@ def test_fair_share_follows_jobs_coming_and_going(host):
     for p in (a, b):
         p.kill()
         p.wait(10)
+
+
+# -- bridged anti-spoofing: the per-job filter is an allowlist -----------------------------------------------
+WORLD6 = "2001:db8:ffff::1"
+BRIDGED = dict(bridge_uplink="up0", ovs_bridge_name="lkovs0", bridge_range="198.51.100.100-198.51.100.149",
+               bridge_gateway=WORLD_IP, bridge_range6="2001:db8:ffff::100-2001:db8:ffff::1ff",
+               bridge_gateway6=WORLD6)
+OTHER_MAC = "02:de:ad:be:ef:01"
+# Runs in the world netns: every frame on w0 for `seconds`; prints which markers arrived.
+CAPTURE = """import json, socket, sys, time
+markers, seconds = sys.argv[2:], float(sys.argv[1])
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.bind(("w0", 0)); s.settimeout(0.2)
+print("ready", flush=True)
+seen, end = set(), time.time() + seconds
+while time.time() < end:
+    try:
+        frame = s.recv(65535)
+    except socket.timeout:
+        continue
+    seen.update(m for m in markers if m.encode() in frame)
+print(json.dumps(sorted(seen)))
+"""
+# Runs as root inside the job's netns (the strongest attacker): sends raw frames out of eth0.
+SEND = """import socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("eth0", 0))
+for _ in range(3):
+    for h in sys.argv[1:]:
+        s.send(bytes.fromhex(h))
+"""
+
+
+def spoof_frames(mac: str, ip4: str, ip6: str) -> dict[str, bytes]:
+    """name -> frame; names starting with "legit" must arrive, every other one is an attack."""
+    from scapy.layers.dhcp import BOOTP
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.inet6 import ICMPv6ND_NA, ICMPv6ND_RA, IPv6
+    from scapy.layers.l2 import ARP, Dot1Q, Ether
+    from scapy.packet import Raw
+    from lark.names import link_local_of
+    lla, bc = link_local_of(mac), "ff:ff:ff:ff:ff:ff"
+    udp = UDP(sport=40000, dport=9999)
+    frames = {
+        "legit_ipv4": Ether(src=mac, dst=bc) / IP(src=ip4, dst=WORLD_IP) / udp,
+        "legit_ipv6": Ether(src=mac, dst=bc) / IPv6(src=ip6, dst=WORLD6) / udp,
+        "legit_link_local": Ether(src=mac, dst=bc) / IPv6(src=lla, dst="ff02::1") / udp,
+        "legit_arp": Ether(src=mac, dst=bc) / ARP(op=1, hwsrc=mac, psrc=ip4, pdst=WORLD_IP),
+        "legit_own_neighbor_advert": Ether(src=mac, dst=bc) / IPv6(src=lla, dst="ff02::1") / ICMPv6ND_NA(tgt=ip6),
+        "other_mac": Ether(src=OTHER_MAC, dst=bc) / IP(src=ip4, dst=WORLD_IP) / udp,
+        "other_ipv4_source": Ether(src=mac, dst=bc) / IP(src="198.51.100.160", dst=WORLD_IP) / udp,
+        "arp_for_the_gateway": Ether(src=mac, dst=bc) / ARP(op=2, hwsrc=mac, psrc=WORLD_IP, pdst=WORLD_IP),
+        "arp_with_other_mac": Ether(src=mac, dst=bc) / ARP(op=1, hwsrc=OTHER_MAC, psrc=ip4, pdst=WORLD_IP),
+        "vlan_tagged": Ether(src=mac, dst=bc) / Dot1Q(vlan=5) / IP(src=ip4, dst=WORLD_IP) / udp,
+        "other_ethertype": Ether(src=mac, dst=bc, type=0x88B5),
+        "dhcp_server_reply": Ether(src=mac, dst=bc) / IP(src=ip4, dst="255.255.255.255") /
+        UDP(sport=67, dport=68) / BOOTP(op=2, yiaddr="198.51.100.161"),
+        "other_ipv6_source": Ether(src=mac, dst=bc) / IPv6(src="2001:db8:ffff::1ee", dst=WORLD6) / udp,
+        "foreign_link_local": Ether(src=mac, dst=bc) / IPv6(src="fe80::1", dst="ff02::1") / udp,
+        "router_advert": Ether(src=mac, dst=bc) / IPv6(src=lla, dst="ff02::1") / ICMPv6ND_RA(),
+        "neighbor_advert_for_the_gateway": Ether(src=mac, dst=bc) / IPv6(src=lla, dst="ff02::1") /
+        ICMPv6ND_NA(tgt=WORLD6, R=1, O=1),
+        "dhcpv6_server_reply": Ether(src=mac, dst=bc) / IPv6(src=lla, dst="ff02::1") / UDP(sport=547, dport=546),
+    }
+    # A marker at the end of each frame tells the capture which one arrived (tags may move to metadata).
+    return {name: bytes(f / Raw(f"LARKSPOOF-{name}-END".encode())) for name, f in frames.items()}
+
+
+SPOOFS = [n for n in spoof_frames("02:00:00:00:00:01", "192.0.2.1", "2001:db8::1") if not n.startswith("legit")]
+LEGIT = [n for n in spoof_frames("02:00:00:00:00:01", "192.0.2.1", "2001:db8::1") if n.startswith("legit")]
+
+
+@pytest.fixture(scope="module", params=["bridge", "ovs_bridge"])
+def spoof_run(request, starter):
+    """One dual-stack bridged job per mode; a root helper in its netns sends every frame; the world captures."""
+    import shutil
+    import subprocess
+    import tempfile
+    from helpers.fakehost import FakeHost
+    from lark.names import JobNames
+    mode = request.param
+    if mode == "ovs_bridge" and not shutil.which("ovs-vswitchd"):
+        pytest.skip("Open vSwitch is not installed")
+    extra = dict(ovs=True, ovs_uplink="up0", ovs_datapath="netdev") if mode == "ovs_bridge" else {}
+    d = tempfile.mkdtemp(prefix="lark-host-", dir="/tmp")
+    os.chmod(d, 0o755)
+    host = FakeHost(d, starter, default_network_type=mode, **BRIDGED, **extra)
+    try:
+        host.start()
+        ad = 'ClusterId = 160\nProcId = 0\nIPProtocol = "IPv4+IPv6"'
+        host.publish_ad("slot1", ad, 'IPProtocol = "IPv4+IPv6"')
+        job = host.spawn_job("slot1", ["sleep", "8"], job_ad=ad)
+        j = wait_ready(host, "slot1")
+        mac = JobNames(j["host_if"][3:]).job_mac
+        addrs = json.loads(sh(["ip", "-n", j["netns"], "-j", "-6", "addr", "show", "dev", "eth0"]).stdout)
+        facts = {"link_local": [a["local"] for i in addrs for a in i.get("addr_info", [])
+                                if a.get("scope") == "link"], "mac": mac}
+        if mode == "ovs_bridge":
+            facts["vlan_mode"] = host.ovs.vsctl("get", "port", j["host_if"], "vlan_mode").strip()
+        frames = spoof_frames(mac, j["plan"]["ipv4"], j["plan"]["ipv6"])
+        markers = [f"LARKSPOOF-{n}-END" for n in frames]
+        cap = subprocess.Popen(host.in_world([sys_python(), "-c", CAPTURE, "4", *markers]),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        host.procs.append(cap)
+        assert cap.stdout.readline().strip() == "ready"
+        sent = sh(["ip", "netns", "exec", j["netns"], sys_python(), "-c", SEND, *(f.hex() for f in frames.values())],
+                  check=False)
+        assert sent.returncode == 0, sent.stderr
+        out, err = cap.communicate(timeout=30)
+        seen = {m[len("LARKSPOOF-"):-len("-END")] for m in json.loads(out)}
+        job.communicate(timeout=30)
+        yield mode, seen, host, facts
+    finally:
+        host.close()
+
+
+def sys_python() -> str:
+    return "/usr/bin/python3"
+
+
+def test_legit_frames_from_the_job_pass(spoof_run):
+    """The control: the job's own frames cross the switch, so a dropped spoof is the filter's doing."""
+    mode, seen, host, _ = spoof_run
+    assert set(LEGIT) <= seen, f"{mode}: legit frames missing: {set(LEGIT) - seen}\n{host.larkd_log()}"
+
+
+@pytest.mark.parametrize("spoof", SPOOFS)
+def test_spoofed_frame_does_not_leave_the_job_port(spoof_run, spoof):
+    mode, seen, _, _ = spoof_run
+    assert spoof not in seen, f"{mode}: the {spoof} frame reached the world"
+
+
+def test_filter_knows_the_link_local_the_kernel_gave_the_job(spoof_run):
+    from lark.names import link_local_of
+    _, _, _, facts = spoof_run
+    assert facts["link_local"] == [link_local_of(facts["mac"])]
+
+
+def test_ovs_job_port_is_an_access_port_never_a_trunk(spoof_run):
+    mode, _, _, facts = spoof_run
+    if mode != "ovs_bridge":
+        pytest.skip("OVS only")
+    assert facts["vlan_mode"] == "access"
