@@ -170,12 +170,12 @@ class JobNetworker:
 
     def _dhcp_lease(self, plan: NetworkPlan, n: JobNames, ns_fd: int) -> dhcp.Lease:
         """The slot's cached lease while it is fresh (no DISCOVER at all), else a new one from the server."""
-        cached = self.leases.get(plan.key)
+        cached = self.leases.get(plan.key, plan.owner)  # never another owner's lease (nor its address)
         if cached is not None and cached.usable():
             log.info("job %s reuses the slot's DHCP lease %s (server %s)", plan.job_id, cached.address, cached.server)
             return cached
         with netns.entered(ns_fd):
-            lease = dhcp.Client(n.job_if, n.job_mac, plan.job_id).acquire()
+            lease = dhcp.Client(n.job_if, n.job_mac, plan.job_id, owner=plan.owner).acquire()
         self.leases.put(plan.key, lease)
         log.info("job %s got DHCP lease %s/%d from %s for %d s", plan.job_id, lease.address, lease.prefix,
                  lease.server, lease.lease_time)
@@ -225,7 +225,7 @@ class JobNetworker:
                 os.close(fd)
         except OSError as e:
             log.warning("could not release DHCP lease %s of job %s: %s", lease.address, rec.job_id, e)
-        self.leases.drop(key)
+        self.leases.drop(key, lease.owner)
 
     def _fair_rebalance(self, ipr: IPRoute, new: NetworkPlan | None) -> None:
         """Hold `self.fair.lock`. Moves the running unreserved jobs to their fair share of what reservations

@@ -231,3 +231,25 @@ def test_ovs_job_port_is_an_access_port_never_a_trunk(spoof_run):
     if mode != "ovs_bridge":
         pytest.skip("OVS only")
     assert facts["vlan_mode"] == "access"
+
+
+# -- DHCP: a slot's cached lease is its owner's only ----------------------------------------------------------
+def test_a_slots_dhcp_lease_is_not_handed_to_another_owner(fakehost_factory):
+    """Real dnsmasq; one slot runs alice's job, then bob's, then alice's again. Before, bob got alice's cached
+    lease (same address, same client identity at the server)."""
+    from test_dhcp import BASE, DHCP_AD, messages, start_dnsmasq
+    host = fakehost_factory(default_network_type="bridge", **BASE)
+    log = start_dnsmasq(host)
+    seen = {}
+    for n, owner in enumerate(["alice", "bob", "alice"]):
+        ad = f'ClusterId = 17{n}\nProcId = 0\nOwner = "{owner}"'
+        host.publish_ad("slot1", ad, DHCP_AD)
+        cp = host.run_job("slot1", ["whoami", WORLD_IP, "7000"], job_ad=ad)
+        assert cp.returncode == 0, cp.stderr + host.larkd_log()
+        seen.setdefault(owner, []).append(json.loads(cp.stdout)["seen_as"])
+        if n == 1:
+            discovers_after_bob = len(messages(log, "DISCOVER"))
+    assert seen["alice"][0] != seen["bob"][0], seen
+    assert seen["alice"][1] == seen["alice"][0], seen           # alice's own next job still reuses hers
+    assert len(messages(log, "DISCOVER")) == discovers_after_bob  # ... from the cache, without asking
+    assert host.wait_clean() == {k: [] for k in host.residue()}
