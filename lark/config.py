@@ -43,6 +43,9 @@ class Config:
     allow_job_to_host: bool = False
     inbound_ports: str = "20000-20999"
     enable_ip_forward: bool = True
+    # What Lark's firewall does with forwarded traffic that is not a job's: "lark-only" drops it (unless part of
+    # an established flow), "any" leaves it, "auto" drops it only when Lark itself turned ip_forward on.
+    forward_policy: str = "auto"
     default_network_type: str = "nat"
     bandwidth_mbit: int = 0             # used by detect-bandwidth when the uplink reports no speed
     # Limit for jobs whose slot was allocated no Bandwidth: "fair" (an equal share of what the running
@@ -164,6 +167,8 @@ class Config:
             if not lo6 <= hi6 or int(hi6) - int(lo6) > 1 << 20:
                 raise bad("bridge_range6", f"{self.bridge_range6} is empty or larger than 2^20 addresses",
                           "give first-last of at most a million addresses")
+        if self.forward_policy not in ("auto", "lark-only", "any"):
+            raise bad("forward_policy", f"{self.forward_policy!r} is not a policy", 'use "auto", "lark-only" or "any"')
         self.default_bandwidth = str(self.default_bandwidth)
         if self.default_bandwidth not in ("fair", "unlimited", "share"):
             try:

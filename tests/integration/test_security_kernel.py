@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from helpers.fakehost import WORLD_IP, sh
+from helpers.fakehost import HOST_IP, WORLD_IP, sh
 from helpers.waits import wait_ready
 from lark.kernel import netns, shaping
 
@@ -253,3 +253,38 @@ def test_a_slots_dhcp_lease_is_not_handed_to_another_owner(fakehost_factory):
     assert seen["alice"][1] == seen["alice"][0], seen           # alice's own next job still reuses hers
     assert len(messages(log, "DISCOVER")) == discovers_after_bob  # ... from the cache, without asking
     assert host.wait_clean() == {k: [] for k in host.residue()}
+
+
+# -- forwarding: the EP routes for Lark's jobs, not for anyone ----------------------------------------------
+@pytest.mark.parametrize("firewall", ["nftables", "iptables"])
+@pytest.mark.parametrize("policy,routed", [("auto", False), ("any", True)])
+def test_world_cannot_route_through_the_ep_to_other_hosts(fakehost_factory, firewall, policy, routed):
+    """A non-Lark network behind the EP (192.0.2.0/24 in a namespace of its own); the world routes to it via
+    the EP. Lark turned ip_forward on in the host netns, so with `auto` its table drops that transit; `any` is
+    the control that shows the path works when allowed."""
+    import subprocess
+    host = fakehost_factory(firewall=firewall, forward_policy=policy)
+    other = f"lark-test-other-{host.id}"
+    sh(["ip", "netns", "add", other])
+    try:
+        sh(["ip", "-n", host.host_ns, "link", "add", f"ot-{host.id}", "type", "veth", "peer", "name", "eth0",
+            "netns", other])
+        sh(["ip", "-n", host.host_ns, "addr", "add", "192.0.2.1/24", "dev", f"ot-{host.id}"])
+        sh(["ip", "-n", host.host_ns, "link", "set", f"ot-{host.id}", "up"])
+        for cmd in (["addr", "add", "192.0.2.2/24", "dev", "eth0"], ["link", "set", "eth0", "up"],
+                    ["link", "set", "lo", "up"], ["route", "add", "default", "via", "192.0.2.1"]):
+            sh(["ip", "-n", other, *cmd])
+        sh(["ip", "-n", host.world_ns, "route", "add", "192.0.2.0/24", "via", HOST_IP])
+        listener = subprocess.Popen(["ip", "netns", "exec", other, "python3", "-c",
+                                     "import socket; s = socket.create_server(('0.0.0.0', 7100)); print('ready', "
+                                     "flush=True); s.settimeout(8); s.accept()"], stdout=subprocess.PIPE, text=True)
+        host.procs.append(listener)
+        assert listener.stdout.readline().strip() == "ready"
+        probe = sh(host.in_world(["python3", "-c", "import socket; s = socket.socket(); s.settimeout(2); "
+                                  "print(s.connect_ex(('192.0.2.2', 7100)))"]), check=False)
+        assert (probe.stdout.strip() == "0") == routed, (policy, probe.stdout, probe.stderr)
+        # Lark's own jobs are still routed under the same policy.
+        cp = host.run_job("slot1", ["whoami", WORLD_IP, "7000"], job_ad="ClusterId = 180\nProcId = 0")
+        assert cp.returncode == 0, cp.stderr + host.larkd_log()
+    finally:
+        sh(["ip", "netns", "del", other], check=False)

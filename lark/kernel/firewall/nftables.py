@@ -11,6 +11,7 @@ import logging
 
 from ...errors import LarkError
 from . import libnft
+from .. import forwarding
 from ...names import HOST_IF_PREFIX, JobNames, link_local_of
 from ...plan import NetworkPlan
 from .base import Counters, Firewall, run_tool
@@ -221,6 +222,12 @@ class NftablesFirewall(Firewall):
             self._rule("fwd", {"vmap": {"key": {"meta": {"key": "oifname"}}, "data": "@fwd_to_job"}}),
             self._rule("fwd", _meta("iifname", WILDCARD), drop),
             self._rule("fwd", _meta("oifname", WILDCARD), drop),
+        ]
+        if forwarding.lark_only(cfg):
+            # The host routes for Lark's jobs only (their interfaces were dispatched above), not for anyone.
+            cmds += [self._rule("fwd", _ct_state("established", "related"), {"accept": None}),
+                     self._rule("fwd", drop)]
+        cmds += [
             self._rule("inp", _meta("iifname", WILDCARD), _ct_state("established", "related"), {"accept": None}),
             # Neighbour discovery with the gateway address on the host end of the veth (IPv6's ARP).
             self._rule("inp", _meta("iifname", WILDCARD), {"match": {"op": "==", "left": _payload("icmpv6", "type"),
