@@ -69,6 +69,8 @@ class IptablesFirewall(Firewall):
                 self._ipt(table, "-A", chain, *rule)
         # The host routes for Lark's jobs only (their jumps are inserted above these), not for anyone.
         fwd_rules = [[*EST, "-j", "ACCEPT"], ["-j", "DROP"]]
+        if cfg.bridge_range:  # bridged across Lark's bridge (br_netfilter): not routing, see nftables.py
+            fwd_rules.insert(1, ["-i", cfg.bridge_name, "-o", cfg.bridge_name, "-j", "ACCEPT"])
         lark_only = forwarding.lark_only(cfg)
         for rule in fwd_rules:
             while self._ipt("filter", "-D", "LARK-FWD", *rule, check=False).returncode == 0:

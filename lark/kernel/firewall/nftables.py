@@ -225,8 +225,13 @@ class NftablesFirewall(Firewall):
         ]
         if forwarding.lark_only(cfg):
             # The host routes for Lark's jobs only (their interfaces were dispatched above), not for anyone.
-            cmds += [self._rule("fwd", _ct_state("established", "related"), {"accept": None}),
-                     self._rule("fwd", drop)]
+            cmds.append(self._rule("fwd", _ct_state("established", "related"), {"accept": None}))
+            if cfg.bridge_range:
+                # With br_netfilter, frames bridged across Lark's bridge cross this hook with the bridge as
+                # both devices; the bridge table filters them (job ports) or they are the site's own.
+                cmds.append(self._rule("fwd", _meta("iifname", cfg.bridge_name), _meta("oifname", cfg.bridge_name),
+                                       {"accept": None}))
+            cmds.append(self._rule("fwd", drop))
         cmds += [
             self._rule("inp", _meta("iifname", WILDCARD), _ct_state("established", "related"), {"accept": None}),
             # Neighbour discovery with the gateway address on the host end of the veth (IPv6's ARP).
