@@ -178,7 +178,11 @@ class Config:
             if not 0 < mbit <= 10_000_000:
                 raise bad("default_bandwidth", f"{self.default_bandwidth!r} is not a limit",
                           'use "fair", "unlimited", "share" or a number of Mbit/s such as "100"')
-        if not 0 < float(self.fair_share_floor_mbit) <= 10_000_000:
+        try:
+            floor = float(self.fair_share_floor_mbit)
+        except (TypeError, ValueError):
+            floor = -1.0
+        if not 0 < floor <= 10_000_000:
             raise bad("fair_share_floor_mbit", f"{self.fair_share_floor_mbit!r} is not a rate",
                       "use a number of Mbit/s above 0, such as 1")
         return self

@@ -38,8 +38,9 @@ def test_reserved_jobs_keep_their_allocation():
 
 
 def test_floor_must_be_positive():
-    with pytest.raises(LarkError, match="fair_share_floor_mbit"):
-        Config(fair_share_floor_mbit=0).validate()
+    for bad in (0, -1, "lots"):
+        with pytest.raises(LarkError, match="fair_share_floor_mbit"):
+            Config(fair_share_floor_mbit=bad).validate()
 
 
 def job(key, reserved=None, capacity=None, current=None):
