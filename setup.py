@@ -14,7 +14,7 @@ setup(
         "os-ken>=4.2,<5",          # lark-controller: the OpenFlow 1.3 side (maintained Ryu fork)
         "cryptography>=41",        # lark-controller certs: the CA and the mutual-TLS key pairs
     ],
-    extras_require={"test": ["pytest", "hypothesis"], "bench": ["matplotlib"],
+    extras_require={"test": ["pytest", "hypothesis", "scapy"], "bench": ["matplotlib"],
                     "report": ["matplotlib"]},  # lark report --html charts
     entry_points={
         "console_scripts": [

@@ -3,7 +3,8 @@
 Three users' jobs download from three world servers at the same time through one 1 Gbit/s uplink (a tbf on
 the world side of the testbed's uplink stands in for a 1 GbE NIC; the slot inventory says Bandwidth = 1000).
 Run 1, managed: the jobs carry request_bandwidth = 100, 300, 600 and Lark limits each to its allocation.
-Run 2, unmanaged: the same jobs without a request (default_bandwidth = unlimited), so TCP splits the link.
+Run 2, unmanaged: the same jobs without a request, so TCP splits the link when larkd runs with
+default_bandwidth = "unlimited"; with "fair" (the default since issue 14) Lark gives each an equal share instead.
 Each job samples its own received bytes; the per-second rates are plotted to a PNG like Figure 8 and summed
 up in a table. Goal: managed jobs within +-5% of their limit; unmanaged ones near an equal split.
 """

@@ -57,11 +57,17 @@ class Config:
     allow_job_to_host: bool = False
     inbound_ports: str = "20000-20999"
     enable_ip_forward: bool = True
+    # What Lark's firewall does with forwarded traffic that is not a job's: "lark-only" drops it (unless part of
+    # an established flow), "any" leaves it, "auto" drops it only when Lark itself turned ip_forward on.
+    forward_policy: str = "auto"
     default_network_type: str = "nat"
     bandwidth_mbit: int = 0             # used by detect-bandwidth when the uplink reports no speed
-    # Limit for jobs whose slot was allocated no Bandwidth: "unlimited", "share" (the machine's bandwidth
-    # times the slot's share of its cpus), or a number of Mbit/s.
-    default_bandwidth: str = "unlimited"
+    # Limit for jobs whose slot was allocated no Bandwidth: "fair" (an equal share of what the running
+    # reserved jobs leave of the link, so the sum of limits never exceeds it), "unlimited", "share" (the
+    # machine's bandwidth times the slot's share of its cpus), or a number of Mbit/s.
+    default_bandwidth: str = "fair"
+    # "fair": the least an unreserved job gets when reservations fill the link (Mbit/s, each direction).
+    fair_share_floor_mbit: float = 1.0
     # Bridge mode: jobs get addresses on the site network through a Linux bridge.
     bridge_name: str = "lkbr0"          # created if missing (STP off, forward delay 0), adopted if present
     bridge_uplink: str = ""             # enslaved when Lark creates the bridge; its addresses move to the bridge
@@ -244,14 +250,23 @@ class Config:
             if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise bad("metrics_address", f"{self.metrics_address!r} is not host:port",
                           'use e.g. "127.0.0.1:9813" or "[::1]:9813", or "" to turn metrics off')
-        if self.default_bandwidth not in ("unlimited", "share"):
+        if self.forward_policy not in ("auto", "lark-only", "any"):
+            raise bad("forward_policy", f"{self.forward_policy!r} is not a policy", 'use "auto", "lark-only" or "any"')
+        if self.default_bandwidth not in ("fair", "unlimited", "share"):
             try:
                 mbit = float(self.default_bandwidth)
             except ValueError:
                 mbit = -1.0
             if not 0 < mbit <= 10_000_000:
                 raise bad("default_bandwidth", f"{self.default_bandwidth!r} is not a limit",
-                          'use "unlimited", "share" or a number of Mbit/s such as "100"')
+                          'use "fair", "unlimited", "share" or a number of Mbit/s such as "100"')
+        try:
+            floor = float(self.fair_share_floor_mbit)
+        except (TypeError, ValueError):
+            floor = -1.0
+        if not 0 < floor <= 10_000_000:
+            raise bad("fair_share_floor_mbit", f"{self.fair_share_floor_mbit!r} is not a rate",
+                      "use a number of Mbit/s above 0, such as 1")
         return self
 
 

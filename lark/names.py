@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -92,6 +93,14 @@ class JobNames:
         text = f"mac:{seed}:{self.key}" if seed else "mac:" + self.key
         h = hashlib.sha256(text.encode()).digest()
         return "02:" + ":".join(f"{b:02x}" for b in h[:5])
+
+
+def link_local_of(mac: str) -> str:
+    """The EUI-64 link-local address the kernel gives a device with this MAC (addr_gen_mode eui64, the
+    default; Lark sets a bridged job's MAC, so its link-local is known without asking the job)."""
+    b = bytes.fromhex(mac.replace(":", ""))
+    eui = bytes([b[0] ^ 0x02]) + b[1:3] + b"\xff\xfe" + b[3:6]
+    return str(ipaddress.IPv6Address(b"\xfe\x80" + b"\0" * 6 + eui))
 
 
 def key_from_host_if(ifname: str) -> str | None:

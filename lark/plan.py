@@ -30,6 +30,9 @@ class NetworkPlan:
     address_type: str = "static"
     request_bandwidth_mbit: float = 0.0
     rate_limit_mbit: float | None = None  # each direction; None = unlimited. From the slot's allocation
+    # No allocation, default_bandwidth = "fair": the link's capacity; larkd sets rate_limit_mbit to this job's
+    # share of what reserved jobs leave, and changes it as jobs come and go (lark/kernel/fairshare.py).
+    fair_share_capacity_mbit: float | None = None
     vlan: int | None = None
     owner: str = ""
     accounting_group: str = ""

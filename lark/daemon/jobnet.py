@@ -5,6 +5,7 @@ function cleans a finished job, a half-built one after a crash, and an orphan fo
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -13,6 +14,7 @@ import time
 from pyroute2 import IPRoute
 
 from ..kernel import dhcp, dns, ipv6auto, links, mtu, netns, shaping
+from ..kernel.fairshare import FairShare, link_jobs, shares
 from ..kernel.firewall import job_netns
 from ..kernel.accounting import Accountant, link_reading
 from ..config import Config
@@ -47,6 +49,7 @@ class JobNetworker:
         self.mac_seed = host_mac_seed(cfg.job_mac_seed)
         set_process_mac_seed(self.mac_seed)
         self.controller = ControllerClient(cfg, records)
+        self.fair = FairShare(cfg.fair_share_floor_mbit)
 
     @property
     def pools(self) -> list:
@@ -101,6 +104,8 @@ class JobNetworker:
                 mode = self.modes[plan.network_type]
                 ipr = self._host_netlink()
                 mode.ensure_prepared(ipr)
+                if mode.name == "bridge":
+                    self.fw.ensure_bridge_base()  # the port is filtered from the moment it joins
                 net, use_dhcp = self._reserve(net, mode, ns_fd)
                 rec.plan = net.to_dict()
                 self.records.save(rec)  # the reserved addresses, for the record and `lark status`
@@ -116,9 +121,14 @@ class JobNetworker:
                     net = self._address(net, rec, mode, nipr, job_idx)
                     dns.setup_job(self.dns, ipr, plan.network_type, net.ipv4, ns_fd, self.netns_path(plan.key),
                                   n.job_if, job_idx, plan.job_id)
-                    if plan.rate_limit_mbit:
-                        limit = shaping.limit_for(plan.rate_limit_mbit, plan.job_id)
-                        shaping.apply(ipr, host_idx, nipr, job_idx, limit, plan.job_id)
+                    with self.fair.lock:  # the limits on the link change one job at a time
+                        net = self._fair_rebalance(ipr, net)
+                        if net.rate_limit_mbit:
+                            limit = shaping.limit_for(net.rate_limit_mbit, plan.job_id)
+                            shaping.apply(ipr, host_idx, nipr, job_idx, limit, plan.job_id)
+                            rec.shaped = True
+                            rec.plan = net.to_dict()
+                            self.records.save(rec)
                 mode.secure(net, n)
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
@@ -184,12 +194,12 @@ class JobNetworker:
 
     def _dhcp_lease(self, plan: NetworkPlan, n: JobNames, ns_fd: int) -> dhcp.Lease:
         """The slot's cached lease while it is fresh (no DISCOVER at all), else a new one from the server."""
-        cached = self.leases.get(plan.key)
+        cached = self.leases.get(plan.key, plan.owner)  # never another owner's lease (nor its address)
         if cached is not None and cached.usable():
             log.info("job %s reuses the slot's DHCP lease %s (server %s)", plan.job_id, cached.address, cached.server)
             return cached
         with netns.entered(ns_fd):
-            lease = dhcp.Client(n.job_if, n.job_mac, plan.job_id).acquire()
+            lease = dhcp.Client(n.job_if, n.job_mac, plan.job_id, owner=plan.owner).acquire()
         self.leases.put(plan.key, lease)
         log.info("job %s got DHCP lease %s/%d from %s for %d s", plan.job_id, lease.address, lease.prefix,
                  lease.server, lease.lease_time)
@@ -239,7 +249,23 @@ class JobNetworker:
                 os.close(fd)
         except OSError as e:
             log.warning("could not release DHCP lease %s of job %s: %s", lease.address, rec.job_id, e)
-        self.leases.drop(key)
+        self.leases.drop(key, lease.owner)
+
+    def _fair_rebalance(self, ipr: IPRoute, new: JobNetwork | None) -> JobNetwork | None:
+        """Hold `self.fair.lock`. Moves the running unreserved jobs to their fair share of what reservations
+        leave, counting `new` (a job being set up); a fair-share `new` comes back with its own share as its
+        limit (a new plan: the decided one is never changed)."""
+        running = link_jobs(self.records.all(), new.plan if new else None, lambda k: self.names(k).job_if,
+                            self.netns_path)
+        for key, mbit in self.fair.rebalance(ipr, running, skip=new.key if new else None).items():
+            r = self.records.load(key)
+            if r:
+                r.plan["rate_limit_mbit"] = mbit
+                self.records.save(r)
+        if new is not None and new.fair_share_capacity_mbit:
+            share = shares(running, self.fair.floor)[new.key]
+            return JobNetwork(dataclasses.replace(new.plan, rate_limit_mbit=share), new.addrs)
+        return new
 
     def _host_netlink(self) -> IPRoute:
         # One netlink socket per worker thread, reused across jobs (opening one costs ~1 ms).
@@ -303,6 +329,9 @@ class JobNetworker:
         if errors:
             raise errors.error(rec.job_id if rec else None)
         self.records.delete(key)
+        if rec and (rec.plan.get("rate_limit_mbit") or rec.plan.get("fair_share_capacity_mbit")):
+            with self.fair.lock:  # what this job held goes back to the unreserved jobs
+                self._fair_rebalance(ipr, None)
         log.info("tore down network of %s (%s)", rec.job_id if rec else key, reason)
         return summary
 

@@ -32,6 +32,7 @@ class JobRecord:
     host_if: str
     plan: dict                        # JobNetwork.to_dict(): the decided plan and the addresses built for it
     phase: str = "setting-up"         # setting-up -> ready -> tearing-down (kept there when teardown failed)
+    shaped: bool = False              # its limit is on the link (a fair-share job counts from then on)
     created: float = field(default_factory=time.time)
 
 

@@ -12,7 +12,7 @@ import sys
 import time
 
 from .. import PROTOCOL_VERSION, __version__, protocol
-from ..kernel import netns
+from ..kernel import forwarding, netns
 from . import peercred
 from ..kernel.accounting import Accountant
 from ..policy.adsource import make_ad_source
@@ -72,6 +72,7 @@ class Larkd:
         for d in (cfg.run_dir, cfg.state_dir):
             os.makedirs(d, mode=0o755, exist_ok=True)
         netns.ensure_netns_dir(cfg.netns_dir)
+        forwarding.claim(cfg)  # before forwarding goes on: whether Lark is the one turning it on
         if cfg.enable_ip_forward:
             with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
                 f.write("1")

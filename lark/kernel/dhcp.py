@@ -1,5 +1,11 @@
 """A small DHCPv4 client that larkd runs on a job's behalf, inside the job's netns (never by the job).
 
+Answers are validated, not trusted: a reply counts only with our xid and our hardware address; the ACK must
+come from the server that made the OFFER (and a renewal's from the server that granted the lease), a NAK
+counts only from that server; the address must be a usable unicast one, and the lease time must lie within
+[MIN_LEASE_S, MAX_LEASE_S] (longer ones are cut to the maximum, so larkd renews; T1 <= T2 <= lease or the
+RFC 2131 defaults). Everything else is dropped with a log line, and the client keeps waiting for a valid answer.
+
 One UDP socket bound to port 68 on the job's device does the whole exchange: with the broadcast flag set the
 server answers by broadcast, which reaches the socket although the device has no address yet. Renewals and
 releases are unicast from the leased address. The lease is plain data (`Lease`), kept in the job's record and
@@ -7,6 +13,7 @@ in a per-slot cache so the slot's next job reuses it without a new DISCOVER.
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import os
@@ -24,6 +31,12 @@ DISCOVER, OFFER, REQUEST, DECLINE, ACK, NAK, RELEASE = 1, 2, 3, 4, 5, 6, 7
 OPT_MASK, OPT_ROUTER, OPT_DNS, OPT_REQ_IP, OPT_LEASE, OPT_TYPE, OPT_SERVER = 1, 3, 6, 50, 51, 53, 54
 OPT_PARAMS, OPT_T1, OPT_T2, OPT_CLIENT_ID, OPT_END = 55, 58, 59, 61, 255
 BOOTP = struct.Struct("!BBBBIHH4s4s4s4s16s64s128s")
+MIN_LEASE_S = 60                 # shorter: larkd would renew in a loop (or hold an address the server reuses)
+MAX_LEASE_S = 30 * 24 * 3600     # longer (or "infinite"): cut, so the lease is still renewed
+
+
+class BadAnswer(ValueError):
+    """A DHCP reply that fails validation: ignored, never used."""
 
 
 @dataclass
@@ -36,6 +49,7 @@ class Lease:
     t1: int
     t2: int
     obtained: float          # wall clock, so a cached lease means the same after a larkd restart
+    owner: str = ""          # the job owner it was leased for: its client identifier, and who may reuse it
 
     @property
     def expires(self) -> float:
@@ -53,7 +67,7 @@ class Lease:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Lease":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 def _options(items: list[tuple[int, bytes]]) -> bytes:
@@ -63,12 +77,21 @@ def _options(items: list[tuple[int, bytes]]) -> bytes:
     return out + bytes([OPT_END])
 
 
+def client_id(mac: str, owner: str = "") -> bytes:
+    """Option 61. Per owner: a slot's MAC stays the same from job to job, so without this the server would
+    hand the next owner the previous owner's address (and whatever the site tied to it)."""
+    hw = bytes.fromhex(mac.replace(":", ""))
+    if not owner:
+        return b"\x01" + hw
+    return b"\x00" + hashlib.sha256(f"lark:{owner}:".encode() + hw).digest()[:16]
+
+
 def build(msg_type: int, xid: int, mac: str, *, ciaddr: str = "0.0.0.0", requested: str | None = None,
-          server: str | None = None, broadcast: bool = True) -> bytes:
+          server: str | None = None, broadcast: bool = True, owner: str = "") -> bytes:
     hw = bytes.fromhex(mac.replace(":", ""))
     head = BOOTP.pack(1, 1, 6, 0, xid, 0, 0x8000 if broadcast else 0, socket.inet_aton(ciaddr), bytes(4), bytes(4),
                       bytes(4), hw.ljust(16, b"\0"), bytes(64), bytes(128))
-    opts = [(OPT_TYPE, bytes([msg_type])), (OPT_CLIENT_ID, b"\x01" + hw)]
+    opts = [(OPT_TYPE, bytes([msg_type])), (OPT_CLIENT_ID, client_id(mac, owner))]
     if requested:
         opts.append((OPT_REQ_IP, socket.inet_aton(requested)))
     if server:
@@ -78,10 +101,15 @@ def build(msg_type: int, xid: int, mac: str, *, ciaddr: str = "0.0.0.0", request
     return head + MAGIC + _options(opts)
 
 
-def parse(data: bytes) -> tuple[int, str, dict[int, bytes]] | None:
-    """(xid, yiaddr, options) of a server reply, or None for anything that is not one."""
+def parse(data: bytes, mac: str | None = None) -> tuple[int, str, dict[int, bytes]] | None:
+    """(xid, yiaddr, options) of a server reply, or None for anything that is not one (or, with `mac`, is
+    addressed to another client's hardware address)."""
     if len(data) < BOOTP.size + 4 or data[0] != 2 or data[BOOTP.size:BOOTP.size + 4] != MAGIC:
         return None
+    if mac is not None:
+        hw = bytes.fromhex(mac.replace(":", ""))
+        if data[1] != 1 or data[2] != len(hw) or data[28:28 + len(hw)] != hw:
+            return None
     fields = BOOTP.unpack_from(data)
     opts: dict[int, bytes] = {}
     i = BOOTP.size + 4
@@ -110,10 +138,26 @@ def lease_from(yiaddr: str, opts: dict[int, bytes], now: float) -> Lease:
         return struct.unpack("!I", v[:4])[0] if v and len(v) >= 4 else default
 
     mask = ip(OPT_MASK) or "255.255.255.0"
+    try:
+        prefix = ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen
+        addr = ipaddress.IPv4Address(yiaddr)
+    except ValueError as e:
+        raise BadAnswer(f"bad address or mask: {e}") from None
+    if not 8 <= prefix <= 30:
+        raise BadAnswer(f"netmask {mask} (/{prefix}) leaves no room for a host and a router")
+    if addr.is_unspecified or addr.is_multicast or addr.is_loopback or addr.is_reserved or addr.is_link_local:
+        raise BadAnswer(f"{yiaddr} is not an address a host may use")
     lease_time = u32(OPT_LEASE, 3600)
-    return Lease(address=yiaddr, prefix=ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen, router=ip(OPT_ROUTER),
-                 server=ip(OPT_SERVER) or "", lease_time=lease_time, t1=u32(OPT_T1, lease_time // 2),
-                 t2=u32(OPT_T2, lease_time * 7 // 8), obtained=now)
+    if lease_time < MIN_LEASE_S:
+        raise BadAnswer(f"lease time {lease_time} s is below the minimum {MIN_LEASE_S} s")
+    if lease_time > MAX_LEASE_S:
+        log.warning("DHCP lease time %d s cut to %d s", lease_time, MAX_LEASE_S)
+        lease_time = MAX_LEASE_S
+    t1, t2 = u32(OPT_T1, lease_time // 2), u32(OPT_T2, lease_time * 7 // 8)
+    if not 0 < t1 <= t2 <= lease_time:
+        t1, t2 = lease_time // 2, lease_time * 7 // 8  # RFC 2131 4.4.5 defaults instead of the server's
+    return Lease(address=yiaddr, prefix=prefix, router=ip(OPT_ROUTER), server=ip(OPT_SERVER) or "",
+                 lease_time=lease_time, t1=t1, t2=t2, obtained=now)
 
 
 class Client:
@@ -123,8 +167,8 @@ class Client:
     # sometimes lost, and waiting 1.5 s for that cost the benchmark's worst case 1.5 s.
     WAITS = (0.25, 1.0, 2.0, 4.0)
 
-    def __init__(self, ifname: str, mac: str, job: str, waits: tuple[float, ...] = WAITS):
-        self.ifname, self.mac, self.job = ifname, mac, job
+    def __init__(self, ifname: str, mac: str, job: str, waits: tuple[float, ...] = WAITS, owner: str = ""):
+        self.ifname, self.mac, self.job, self.owner = ifname, mac, job, owner
         self.waits = waits
         self.tries = len(waits)
 
@@ -136,7 +180,9 @@ class Client:
         s.bind((bind_ip, 68))
         return s
 
-    def _exchange(self, s: socket.socket, packet: bytes, dest: str, xid: int, want: set[int]) -> tuple[int, str, dict]:
+    def _exchange(self, s: socket.socket, packet: bytes, dest: str, xid: int, want: set[int],
+                  server: str | None = None) -> tuple[int, str, dict]:
+        """Send, and wait for a valid reply of a wanted type (from `server` when given)."""
         for wait in self.waits:
             s.sendto(packet, (dest, 67))
             deadline = time.monotonic() + wait
@@ -149,10 +195,15 @@ class Client:
                     data = s.recv(4096)
                 except socket.timeout:
                     break
-                got = parse(data)
-                if not got or got[0] != xid or OPT_TYPE not in got[2]:
+                got = parse(data, self.mac)
+                if not got or got[0] != xid or OPT_TYPE not in got[2] or len(got[2][OPT_TYPE]) != 1:
                     continue
                 mtype = got[2][OPT_TYPE][0]
+                sid = got[2].get(OPT_SERVER, b"")
+                if len(sid) != 4 or (server is not None and socket.inet_ntoa(sid) != server):
+                    log.warning("job %s: ignored a DHCP reply (type %d) from server %s, not %s", self.job, mtype,
+                                socket.inet_ntoa(sid) if len(sid) == 4 else "(no server id)", server or "any")
+                    continue
                 if mtype == NAK:
                     raise LarkError("the DHCP server refused the request (NAK)", job=self.job, obj=self.ifname,
                                     fix="check the DHCP server's range and leases")
@@ -161,57 +212,88 @@ class Client:
         raise LarkError(f"no DHCP answer after {self.tries} tries", job=self.job, obj=self.ifname,
                         fix="check that a DHCP server serves the bridged network (and answers this MAC)")
 
+    def _lease(self, yiaddr: str, opts: dict, want_address: str | None) -> Lease:
+        if want_address is not None and yiaddr != want_address:
+            raise BadAnswer(f"ACK for {yiaddr}, but {want_address} was requested")
+        lease = lease_from(yiaddr, opts, time.time())
+        lease.owner = self.owner
+        return lease
+
+    def _until_valid(self, s: socket.socket, packet: bytes, dest: str, xid: int, want: set[int],
+                     server: str | None, address: str | None) -> tuple[str, dict, Lease | None]:
+        """An exchange whose answer also passes lease validation (OFFERs are checked as leases too); a
+        bad answer is ignored and the exchange goes on, within the same tries."""
+        for _ in range(self.tries):
+            mtype, yiaddr, opts = self._exchange(s, packet, dest, xid, want, server)
+            try:
+                return yiaddr, opts, self._lease(yiaddr, opts, address)
+            except BadAnswer as e:
+                log.warning("job %s: ignored a DHCP %s: %s", self.job, "OFFER" if mtype == OFFER else "ACK", e)
+        raise LarkError("the DHCP server's answers were not valid (see larkd's log)", job=self.job, obj=self.ifname,
+                        fix=f"check the DHCP server: lease times of {MIN_LEASE_S} s or more, a usable address")
+
     def acquire(self) -> Lease:
-        """DISCOVER, OFFER, REQUEST, ACK."""
+        """DISCOVER, OFFER, REQUEST, ACK; the ACK must come from the server that made the OFFER, for the
+        offered address."""
         xid = secrets.randbits(32)
         with self._socket() as s:
-            _, offered, opts = self._exchange(s, build(DISCOVER, xid, self.mac), "255.255.255.255", xid, {OFFER})
-            server = socket.inet_ntoa(opts[OPT_SERVER][:4]) if OPT_SERVER in opts else None
-            _, yiaddr, opts = self._exchange(s, build(REQUEST, xid, self.mac, requested=offered, server=server),
-                                             "255.255.255.255", xid, {ACK})
-        return lease_from(yiaddr, opts, time.time())
+            offered, opts, _ = self._until_valid(s, build(DISCOVER, xid, self.mac, owner=self.owner),
+                                                 "255.255.255.255", xid, {OFFER}, None, None)
+            server = socket.inet_ntoa(opts[OPT_SERVER][:4])
+            _, _, lease = self._until_valid(s, build(REQUEST, xid, self.mac, requested=offered, server=server,
+                                                     owner=self.owner), "255.255.255.255", xid, {ACK}, server,
+                                            offered)
+        return lease
 
     def renew(self, lease: Lease) -> Lease:
-        """RENEWING: unicast REQUEST from the leased address to the server that granted it."""
+        """RENEWING: unicast REQUEST from the leased address to the server that granted it, whose ACK (for
+        the same address) is the only one that counts."""
         xid = secrets.randbits(32)
+        self.owner = lease.owner
         with self._socket(lease.address) as s:
-            _, yiaddr, opts = self._exchange(s, build(REQUEST, xid, self.mac, ciaddr=lease.address, broadcast=False),
-                                             lease.server, xid, {ACK})
-        return lease_from(yiaddr, opts, time.time())
+            _, _, new = self._until_valid(s, build(REQUEST, xid, self.mac, ciaddr=lease.address, broadcast=False,
+                                                   owner=lease.owner), lease.server, xid, {ACK}, lease.server,
+                                          lease.address)
+        return new
 
     def release(self, lease: Lease) -> None:
         with self._socket(lease.address) as s:
             s.sendto(build(RELEASE, secrets.randbits(32), self.mac, ciaddr=lease.address, server=lease.server,
-                           broadcast=False), (lease.server, 67))
+                           broadcast=False, owner=lease.owner), (lease.server, 67))
 
 
 class LeaseCache:
-    """One lease per slot key, in files that survive larkd restarts (the server keeps the binding anyway)."""
+    """One lease per slot key, in files that survive larkd restarts (the server keeps the binding anyway).
+    Keyed by slot and owner: a lease is only handed to a job of the owner it was leased for."""
 
     def __init__(self, directory: str):
         self.dir = directory
 
-    def path(self, key: str) -> str:
-        return os.path.join(self.dir, f"{key}.lease")
+    def path(self, key: str, owner: str = "") -> str:
+        if not owner:
+            return os.path.join(self.dir, f"{key}.lease")
+        return os.path.join(self.dir, f"{key}.{hashlib.sha256(owner.encode()).hexdigest()[:16]}.lease")
 
-    def get(self, key: str) -> Lease | None:
+    def get(self, key: str, owner: str = "") -> Lease | None:
         import json
         try:
-            with open(self.path(key)) as f:
-                return Lease.from_dict(json.load(f))
+            with open(self.path(key, owner)) as f:
+                lease = Lease.from_dict(json.load(f))
         except (FileNotFoundError, ValueError, KeyError, TypeError):
             return None
+        return lease if lease.owner == owner else None
 
     def put(self, key: str, lease: Lease) -> None:
         import json
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        tmp = self.path(key) + ".tmp"
+        path = self.path(key, lease.owner)
+        tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(lease.to_dict(), f)
-        os.replace(tmp, self.path(key))
+        os.replace(tmp, path)
 
-    def drop(self, key: str) -> None:
+    def drop(self, key: str, owner: str = "") -> None:
         try:
-            os.unlink(self.path(key))
+            os.unlink(self.path(key, owner))
         except FileNotFoundError:
             pass

@@ -54,9 +54,13 @@ def limit_for(mbit: float, job: str = "?") -> Limit:
 
 
 def _htb(ipr: IPRoute, index: int, limit: Limit) -> None:
-    # pyroute2 sends TCA_HTB_RATE64/CEIL64 itself for rates of 2^32 bytes/s (34 Gbit/s) and more.
     ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, default=CLASS_HANDLE & 0xFFFF)
-    ipr.tc("add-class", "htb", index=index, handle=CLASS_HANDLE, parent=ROOT_HANDLE,
+    _htb_class(ipr, index, limit, "add-class")
+
+
+def _htb_class(ipr: IPRoute, index: int, limit: Limit, command: str) -> None:
+    # pyroute2 sends TCA_HTB_RATE64/CEIL64 itself for rates of 2^32 bytes/s (34 Gbit/s) and more.
+    ipr.tc(command, "htb", index=index, handle=CLASS_HANDLE, parent=ROOT_HANDLE,
            rate=f"{limit.rate_bit}bit", ceil=f"{limit.rate_bit}bit", burst=limit.burst, cburst=limit.burst,
            quantum=min(max(limit.rate_bit // 8 // 10, 1514), 200_000))
 
@@ -70,6 +74,17 @@ def apply(ipr: IPRoute, host_index: int, nipr: IPRoute, job_index: int, limit: L
         raise LarkError(f"cannot install the {limit.mbit:g} Mbit/s limit: {e}", job=job, obj="tc htb",
                         fix="check that the kernel has sch_htb (`lark doctor`)") from None
     log.debug("job %s limited to %g Mbit/s each way (burst %d bytes)", job, limit.mbit, limit.burst)
+
+
+def change(ipr: IPRoute, host_index: int, nipr: IPRoute, job_index: int, limit: Limit, job: str) -> None:
+    """Move a running job's limit (both ends) to a new rate; its queued packets stay."""
+    try:
+        _htb_class(ipr, host_index, limit, "change-class")
+        _htb_class(nipr, job_index, limit, "change-class")
+    except NetlinkError as e:
+        raise LarkError(f"cannot change the limit to {limit.mbit:g} Mbit/s: {e}", job=job, obj="tc htb class 1:1",
+                        fix="the job's devices may be going away; `lark status` shows whether it still runs") \
+            from None
 
 
 def read_rate(ipr: IPRoute, index: int) -> int | None:

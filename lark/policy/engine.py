@@ -95,6 +95,7 @@ class _Decider:
         self.job, self.machine, self.job_id = job, machine, job_id
         self.overridden, self.callout = overridden, callout
         self.decided_by: dict[str, str] = {}
+        self.fair_capacity: float | None = None  # default_bandwidth = fair: the link's capacity (Mbit/s)
 
     def _get(self, side: str, attr: str, default: Any, check: Callable[[Any, str], Any], field: str) -> Any:
         my, target = (self.job, self.machine) if side == "job" else (self.machine, self.job)
@@ -199,6 +200,8 @@ def _rate_limit(d: "_Decider", cfg: Config) -> float | None:
         d.decided_by["rate_limit_mbit"] = f"slot's allocated Bandwidth = {allocated:g}"
         return allocated
     policy = cfg.default_bandwidth
+    if policy == "fair":
+        return _fair_share(d, cfg)
     if policy == "unlimited":
         d.decided_by["rate_limit_mbit"] = "no Bandwidth allocated; default_bandwidth = unlimited"
         return None
@@ -219,6 +222,24 @@ def _rate_limit(d: "_Decider", cfg: Config) -> float | None:
         return share
     d.decided_by["rate_limit_mbit"] = f"no Bandwidth allocated; default_bandwidth = {policy}"
     return float(policy)
+
+
+def _fair_share(d: "_Decider", cfg: Config) -> float | None:
+    """No limit yet: larkd gives the job its share of what reserved jobs leave (lark/kernel/fairshare.py).
+
+    Without a Bandwidth inventory (no TotalBandwidth, DetectedBandwidth or bandwidth_mbit) no slot can hold a
+    reservation either, so there is nothing to protect and the job runs unlimited."""
+    capacity = d.machine_attr("TotalBandwidth", None, as_number, "_capacity") or \
+        d.machine_attr("DetectedBandwidth", None, as_number, "_capacity") or cfg.bandwidth_mbit or None
+    d.decided_by.pop("_capacity", None)
+    if not capacity:
+        d.decided_by["rate_limit_mbit"] = ("no Bandwidth allocated; default_bandwidth = fair, but the machine has "
+                                           "no Bandwidth inventory (nothing reserved): unlimited")
+        return None
+    d.fair_capacity = float(capacity)
+    d.decided_by["rate_limit_mbit"] = (f"no Bandwidth allocated; default_bandwidth = fair: an equal share of what "
+                                       f"reserved jobs leave of {capacity:g}, set when the job starts")
+    return None
 
 
 def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: str, key: str) -> NetworkPlan:
@@ -274,11 +295,13 @@ def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: 
                         fix="configure a callout that maps VLAN names to ids (callouts/vlan_by_name.py)")
 
     rate_limit = _rate_limit(d, cfg) if network_type != "none" else None
+    fair_capacity = d.fair_capacity if network_type != "none" else None
 
     return NetworkPlan(
         job_id=job_id, slot=slot, key=key, network_type=network_type, inbound=inbound, outbound=outbound,
         accounting=bool(want_acct and have_acct), ip_protocol="+".join(sorted(protocols)) or "none",
         address_type=address_type, request_bandwidth_mbit=request_bw, rate_limit_mbit=rate_limit, vlan=vlan,
+        fair_share_capacity_mbit=fair_capacity,
         owner=_string_or_empty(job, "Owner"),
         accounting_group=_string_or_empty(job, "AcctGroup") or _string_or_empty(job, "AccountingGroup"),
         global_job_id=_string_or_empty(job, "GlobalJobId"),

@@ -61,6 +61,18 @@ def main():
                 n += len(r.read())
             rounds += 1
         print(json.dumps({"downloaded": n, "rounds": rounds}))
+    elif cmd == "download-rate":  # url warmup seconds: payload Mbit/s after the warmup, downloading in a loop
+        start = time.time() + float(args[1])
+        end, n = start + float(args[2]), 0
+        while time.time() < end:
+            with urllib.request.urlopen(args[0], timeout=20) as r:
+                while time.time() < end:
+                    chunk = r.read(1 << 16)
+                    if not chunk:
+                        break
+                    if time.time() >= start:
+                        n += len(chunk)
+        print(json.dumps({"mbit": n * 8 / 1e6 / float(args[2])}))
     elif cmd == "upload":
         size = int(args[2])
         with socket.create_connection((args[0], int(args[1])), timeout=10) as s:

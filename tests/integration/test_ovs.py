@@ -46,7 +46,8 @@ def test_ovs_port_named_after_job_and_flows_removed_with_it(ohost):
     j = wait_ready(ohost, "slot2")
     assert j["host_if"] in ohost.ovs.vsctl("list-ports", "lkovs0").split()
     assert ohost.ovs.vsctl("get", "interface", j["host_if"], "external_ids:lark-job").strip() == '"43.0"'
-    assert sum("in_port" in f and j["host_if"] in f for f in ohost.ovs_flows()) == 3
+    # drop-all, DHCP client, DHCP-server drop, own IPv4, own ARP
+    assert sum("in_port" in f and j["host_if"] in f for f in ohost.ovs_flows()) == 5
     p.kill()
     p.communicate(timeout=10)
     assert ohost.wait_clean() == {k: [] for k in ohost.residue()}

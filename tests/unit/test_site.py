@@ -138,12 +138,7 @@ def test_resolver_finding_and_report_counts_what_needs_the_admin(tmp_path):
     assert n == 2 and sum(line.strip().startswith("fix:") for line in text.splitlines()) == 2
 
 
-def test_ra_guard_flows_drop_router_and_dhcpv6_server_messages_from_the_job_port():
-    from lark.kernel.attach.ovs import ra_guard_flows
-    flows = ra_guard_flows("0xabc", "lk-slot1").splitlines()
-    assert {f.split(",")[3] + "," + f.split(",")[4] for f in flows} == {
-        "icmp6,icmp_type=134", "icmp6,icmp_type=137", "udp6,tp_src=547"}
-    assert all("priority=110" in f and "in_port=lk-slot1" in f and f.endswith("actions=drop") for f in flows)
+
 
 
 @pytest.mark.parametrize("kw, key", [(dict(bridge_ipv6="dhcp"), "bridge_ipv6"), (dict(slaac_timeout=0), "slaac_timeout")])

@@ -5,8 +5,8 @@ one where the openvswitch module exists and the userspace (`netdev`) one where i
 there TCP needs `other_config:userspace-tso-enable=true` set before ovs-vswitchd starts (`lark doctor`).
 
 Per job, proactive OpenFlow rules under one cookie (removed by cookie, so teardown needs nothing but the key):
-frames from the job's port pass to NORMAL only with the job's MAC and, for IPv4 and ARP, the job's address;
-everything else from that port is dropped. A RequestedVLAN makes the port an access port with that tag.
+an allowlist (`allowlist_flows`) in front of a drop-all that is in place before the port carries a frame. Every
+job port is an access port (untagged, or a RequestedVLAN's tag), never a trunk.
 Limits stay tc HTB on the two veth ends (it works on both datapaths, where OVS ingress policing and set_queue
 do not on the userspace one), so Lark creates no QoS or Queue rows that could outlive a port. Counters come
 from the veth itself: userspace-switched frames never cross the host's netfilter hooks.
@@ -23,22 +23,42 @@ from pyroute2 import IPRoute
 from ...errors import LarkError
 from ..firewall.base import run_tool
 from ..links import take_over_uplink
-from ...names import JobNames, key_from_host_if
+from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
 from .base import BridgedMode
 
 log = logging.getLogger(__name__)
 
 
+def pre_address_flows(mac: str) -> list[str]:
+    """A new job port's flows until its address is known: untagged DHCP client messages from its MAC only."""
+    return ["priority=90,actions=drop",
+            f"priority=95,dl_src={mac},vlan_tci=0,udp,nw_src=0.0.0.0,tp_src=68,tp_dst=67,actions=NORMAL"]
+
+
+def allowlist_flows(plan: JobNetwork, mac: str) -> list[str]:
+    """What may enter the switch from a job's port once its address is known (on top of the pre-address
+    flows, whose priority-90 drop ends the list): the job's MAC, untagged, with its own IPv4 address, ARP for
+    that address, and with IPv6 its own address and link-local, neighbour advertisements for those only.
+    DHCP/DHCPv6 server messages, router advertisements and redirects are dropped whatever their source."""
+    own = f"dl_src={mac},vlan_tci=0"
+    flows = ["priority=110,udp,tp_src=67,actions=drop"]
+    if plan.ipv4:
+        flows += [f"priority=100,{own},ip,nw_src={plan.ipv4},actions=NORMAL",
+                  f"priority=100,{own},arp,arp_spa={plan.ipv4},arp_sha={mac},actions=NORMAL"]
+    if plan.ipv6:
+        addrs = [plan.ipv6, link_local_of(mac)]
+        flows += ["priority=110,icmp6,icmp_type=134,actions=drop", "priority=110,icmp6,icmp_type=137,actions=drop",
+                  "priority=110,udp6,tp_src=547,actions=drop", "priority=104,icmp6,icmp_type=136,actions=drop"]
+        flows += [f"priority=105,{own},icmp6,ipv6_src={src},icmp_type=136,nd_target={t},actions=NORMAL"
+                  for src in addrs for t in addrs]
+        flows += [f"priority=100,{own},ipv6,ipv6_src={a},actions=NORMAL" for a in addrs]
+        flows += [f"priority=100,{own},icmp6,ipv6_src=::,icmp_type={t},actions=NORMAL" for t in (135, 143)]
+    return flows
+
+
 def cookie_of(key: str) -> str:
     return "0x" + hashlib.sha256(("ovs:" + key).encode()).hexdigest()[:15]
-
-
-def ra_guard_flows(cookie: str, port: str) -> str:
-    """No job port may act as a router (RAs, redirects) or DHCPv6 server: only the uplink side hands out IPv6
-    configuration (lark/kernel/ipv6auto.py). Above the job's allow rules, which pass its link-local source."""
-    return "".join(f"cookie={cookie},priority=110,in_port={port},{m},actions=drop\n"
-                   for m in ("icmp6,icmp_type=134", "icmp6,icmp_type=137", "udp6,tp_src=547"))
 
 
 class OvsMode(BridgedMode):
@@ -95,33 +115,34 @@ class OvsMode(BridgedMode):
 
     # -- per job ----------------------------------------------------------------------------------------
     def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
+        """Add the job's port with its drop-all (DHCP client only) flows in place before it carries a frame:
+        the host end stays down from add-port until the flows are in. The port is an access port, never a
+        trunk: without a RequestedVLAN it is on the untagged network (VLAN 0) and tagged frames are dropped."""
         port = names.host_if
+        ipr.link("set", index=host_idx, state="down")
         args = ["--may-exist", "add-port", self.br, port, "--", "set", "interface", port,
-                f"external_ids:lark-key={names.key}", f"external_ids:lark-job={plan.job_id}"]
+                f"external_ids:lark-key={names.key}", f"external_ids:lark-job={plan.job_id}",
+                "--", "set", "port", port, "vlan_mode=access"]
         if plan.vlan is not None:
-            args += ["--", "set", "port", port, f"tag={int(plan.vlan)}"]
+            args += [f"tag={int(plan.vlan)}"]
         self.vsctl(*args)
+        pre = pre_address_flows(names.job_mac)
+        if self.cfg.bridge_ipv6 == "slaac" and plan.wants_ipv6:
+            # Its router solicitation, so the site's router answers before the job's address is known.
+            pre.append(f"priority=95,dl_src={names.job_mac},vlan_tci=0,icmp6,icmp_type=133,actions=NORMAL")
+        self.ofctl("add-flows", "-", input="".join(f"cookie={cookie_of(names.key)},in_port={port},{f}\n"
+                                                     for f in pre))
         # The host end is still a plain netdev for the kernel: with the default arp_ignore=0 it answers the
         # job's ARP for any host address with its own MAC, and what the job then sends to the host (DNS to
         # the forwarder) lands on this device instead of the bridge's internal port. It has no address: never
         # answer.
         with open(f"/proc/sys/net/ipv4/conf/{port}/arp_ignore", "w") as f:
             f.write("1")
+        ipr.link("set", index=host_idx, state="up")
 
     def secure(self, plan: JobNetwork, names: JobNames) -> None:
-        port = names.host_if
         c = cookie_of(names.key)
-        mac, ip = names.job_mac, plan.ipv4
-        allow = []
-        if ip:
-            allow += [f"ip,nw_src={ip}", f"arp,arp_spa={ip},arp_sha={mac}"]
-        if plan.ipv6:
-            # Its address, and link-local / unspecified sources for neighbour discovery.
-            allow += [f"ipv6,ipv6_src={plan.ipv6}", "ipv6,ipv6_src=fe80::/10", "ipv6,ipv6_src=::"]
-        flows = "".join(f"cookie={c},priority=100,in_port={port},dl_src={mac},{m},actions=NORMAL\n" for m in allow)
-        flows += f"cookie={c},priority=90,in_port={port},actions=drop\n"
-        if plan.ipv6:  # without IPv6 the priority-90 drop already takes all of it
-            flows += ra_guard_flows(c, port)
+        flows = "".join(f"cookie={c},in_port={names.host_if},{f}\n" for f in allowlist_flows(plan, names.job_mac))
         self.ofctl("add-flows", "-", input=flows)
 
     def detach(self, names: JobNames) -> bool:

@@ -33,6 +33,10 @@ class Firewall(abc.ABC):
     def destroy_base(self) -> None:
         """Remove everything this backend ever created; idempotent."""
 
+    def ensure_bridge_base(self) -> None:
+        """Shared filtering for bridged job ports, in place before the first port joins the bridge (once the
+        bridge exists); idempotent. Backends without bridge filtering refuse bridged jobs in add_job."""
+
     @abc.abstractmethod
     def add_job(self, plan: JobNetwork, names: JobNames) -> None:
         """Install the job's rules and counters atomically."""

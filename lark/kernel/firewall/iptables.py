@@ -12,6 +12,7 @@ import re
 from ...names import HOST_IF_PREFIX, KEY_PATTERN, JobNames
 from ...plan import JobNetwork
 from ...errors import LarkError
+from .. import forwarding
 from .base import Counters, Firewall, run_tool
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,17 @@ class IptablesFirewall(Firewall):
                                    ("filter", "LARK-FWD", ["-o", WILD, "-j", "DROP"])):
             if self._ipt(table, "-C", chain, *rule, check=False).returncode != 0:
                 self._ipt(table, "-A", chain, *rule)
+        # The host routes for Lark's jobs only (their jumps are inserted above these), not for anyone.
+        fwd_rules = [[*EST, "-j", "ACCEPT"], ["-j", "DROP"]]
+        if cfg.bridge_range:  # bridged across Lark's bridge (br_netfilter): not routing, see nftables.py
+            fwd_rules.insert(1, ["-i", cfg.bridge_name, "-o", cfg.bridge_name, "-j", "ACCEPT"])
+        lark_only = forwarding.lark_only(cfg)
+        for rule in fwd_rules:
+            while self._ipt("filter", "-D", "LARK-FWD", *rule, check=False).returncode == 0:
+                pass  # rebuilt from config each time, and kept last
+        if lark_only:
+            for rule in fwd_rules:
+                self._ipt("filter", "-A", "LARK-FWD", *rule)
         # No job gets IPv6 in NAT mode: drop it at the door.
         rule = ["PREROUTING", "-i", WILD, "-j", "DROP"]
         if self._ipt("raw", "-C", *rule, check=False, v6=True).returncode != 0:

@@ -11,7 +11,8 @@ import logging
 
 from ...errors import LarkError
 from . import libnft
-from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if
+from .. import forwarding
+from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
 from .base import Counters, Firewall, run_tool
 
@@ -40,6 +41,60 @@ def _ne(left: dict, right) -> dict:
 
 def _meta(key: str, value, op: str = "==") -> dict:
     return {"match": {"op": op, "left": {"meta": {"key": key}}, "right": value}}
+
+
+def _ether_type(t: str) -> dict:
+    # The frame's own EtherType: a VLAN tag the kernel moved to metadata still reads as 8021q here, where
+    # `meta protocol` would name the inner protocol and let a tagged frame through.
+    return {"match": {"op": "==", "left": _payload("ether", "type"), "right": t}}
+
+
+def _v6_hex(addr: str) -> str:
+    return f"0x{int(ipaddress.IPv6Address(addr)):032x}"
+
+
+def bridge_allowlist(plan: NetworkPlan, mac: str) -> list[list[dict]]:
+    """The rules (expression lists) of a bridged job's ingress chain: what may enter the bridge from its port.
+
+    An allowlist, ending in drop: the job's MAC with its own IPv4 address, DHCP client messages, ARP for its
+    own address, and (with IPv6) its own addresses and link-local with neighbour discovery for those only.
+    Everything else is dropped: VLAN-tagged frames and other EtherTypes, DHCP/DHCPv6 server messages, router
+    advertisements and redirects, other sources."""
+    drop, accept = {"drop": None}, {"accept": None}
+    rules: list[list[dict]] = [
+        [_ne(_payload("ether", "saddr"), mac), drop],
+        [_ether_type("ip"), {"match": {"op": "==", "left": _payload("udp", "sport"), "right": 67}}, drop],
+        [_ether_type("ip"), {"match": {"op": "==", "left": _payload("ip", "saddr"), "right": "0.0.0.0"}},
+         {"match": {"op": "==", "left": _payload("udp", "sport"), "right": 68}},
+         {"match": {"op": "==", "left": _payload("udp", "dport"), "right": 67}}, accept],
+    ]
+    if plan.ipv4:
+        rules += [
+            [_ether_type("ip"), {"match": {"op": "==", "left": _payload("ip", "saddr"), "right": plan.ipv4}},
+             accept],
+            [_ether_type("arp"), {"match": {"op": "==", "left": _payload("arp", "saddr ip"), "right": plan.ipv4}},
+             {"match": {"op": "==", "left": _payload("arp", "saddr ether"), "right": mac}}, accept],
+        ]
+    if plan.ipv6:
+        own = [plan.ipv6, link_local_of(mac)]
+        icmp_type = _payload("icmpv6", "type")
+        rules += [
+            [_ether_type("ip6"), {"match": {"op": "==", "left": icmp_type,
+                                            "right": {"set": ["nd-router-advert", "nd-redirect"]}}}, drop],
+            [_ether_type("ip6"), {"match": {"op": "==", "left": _payload("udp", "sport"), "right": 547}}, drop],
+            # A neighbour advertisement may only announce the job's own addresses (no nft name for the ND
+            # target field on every version: it is the 128 bits after the first 8 bytes of ICMPv6).
+            [_ether_type("ip6"), {"match": {"op": "==", "left": icmp_type, "right": "nd-neighbor-advert"}},
+             _ne({"payload": {"base": "th", "offset": 64, "len": 128}}, {"set": [_v6_hex(a) for a in own]}), drop],
+            [_ether_type("ip6"), {"match": {"op": "==", "left": _payload("ip6", "saddr"), "right": {"set": own}}},
+             accept],
+            # Duplicate address detection and MLD reports come from the unspecified address.
+            [_ether_type("ip6"), {"match": {"op": "==", "left": _payload("ip6", "saddr"), "right": "::"}},
+             {"match": {"op": "==", "left": icmp_type,
+                        "right": {"set": ["nd-neighbor-solicit", "mld2-listener-report"]}}}, accept],
+        ]
+    rules.append([drop])
+    return rules
 
 
 def _ct_state(*states: str) -> dict:
@@ -233,8 +288,8 @@ class NftablesFirewall(Firewall):
             # Frames from a job port go through its anti-spoofing chain; ports Lark does not know are dropped.
             self._rule("pre", {"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@br_pre"}}, t=tb),
             # A port gets its map entry once its address is known; before that, while larkd runs DHCP for
-            # it (the job is not running yet), only DHCP client messages may leave it.
-            self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip"),
+            # it (the job is not running yet), only untagged DHCP client messages may leave it.
+            self._rule("pre", _meta("iifname", WILDCARD), _ether_type("ip"),
                        {"match": {"op": "==", "left": _payload("ip", "saddr"), "right": "0.0.0.0"}},
                        {"match": {"op": "==", "left": _payload("udp", "sport"), "right": 68}},
                        {"match": {"op": "==", "left": _payload("udp", "dport"), "right": 67}},
@@ -256,15 +311,8 @@ class NftablesFirewall(Firewall):
         for suffix in ("bpre", "bout", "bin"):
             cmds.append({"add": {"chain": {**tb, "name": f"{j}_{suffix}"}}})
             cmds.append({"flush": {"chain": {**tb, "name": f"{j}_{suffix}"}}})
-        ether_arp = _meta("protocol", "arp")
+        cmds += [self._rule(f"{j}_bpre", *r, t=tb) for r in bridge_allowlist(plan, names.job_mac)]
         cmds += [
-            self._rule(f"{j}_bpre", _ne(_payload("ether", "saddr"), names.job_mac), {"drop": None}, t=tb),
-            *self._antispoof(f"{j}_bpre", plan, t=tb),
-            self._rule(f"{j}_bpre", ether_arp, _ne(_payload("arp", "saddr ip"), plan.ipv4 or "0.0.0.0"),
-                       {"drop": None}, t=tb),
-            self._rule(f"{j}_bpre", ether_arp, _ne(_payload("arp", "saddr ether"), names.job_mac), {"drop": None},
-                       t=tb),
-            self._rule(f"{j}_bpre", {"accept": None}, t=tb),
             self._rule(f"{j}_bout", _meta("protocol", {"set": ["ip", "ip6"]}), {"counter": f"{j}_out"}, t=tb),
             self._rule(f"{j}_bin", _meta("protocol", {"set": ["ip", "ip6"]}), {"counter": f"{j}_in"}, t=tb),
         ]
@@ -307,6 +355,17 @@ class NftablesFirewall(Firewall):
             self._rule("fwd", {"vmap": {"key": {"meta": {"key": "oifname"}}, "data": "@fwd_to_job"}}),
             self._rule("fwd", _meta("iifname", WILDCARD), drop),
             self._rule("fwd", _meta("oifname", WILDCARD), drop),
+        ]
+        if forwarding.lark_only(cfg):
+            # The host routes for Lark's jobs only (their interfaces were dispatched above), not for anyone.
+            cmds.append(self._rule("fwd", _ct_state("established", "related"), {"accept": None}))
+            if cfg.bridge_range:
+                # With br_netfilter, frames bridged across Lark's bridge cross this hook with the bridge as
+                # both devices; the bridge table filters them (job ports) or they are the site's own.
+                cmds.append(self._rule("fwd", _meta("iifname", cfg.bridge_name), _meta("oifname", cfg.bridge_name),
+                                       {"accept": None}))
+            cmds.append(self._rule("fwd", drop))
+        cmds += [
             self._rule("inp", _meta("iifname", WILDCARD), _ct_state("established", "related"), {"accept": None}),
             # Neighbour discovery with the gateway address on the host end of the veth (IPv6's ARP).
             self._rule("inp", _meta("iifname", WILDCARD), {"match": {"op": "==", "left": _payload("icmpv6", "type"),
@@ -335,6 +394,14 @@ class NftablesFirewall(Firewall):
                                                                    "len": net6.prefixlen}}}},
                                    {"masquerade": None}))
         self._apply(cmds, f"nft table inet {self.table}")
+
+    def ensure_bridge_base(self) -> None:
+        """The bridge table's base chains, which drop every frame from a job port that has no rules yet except
+        DHCP client messages. Called once the bridge exists and before a job's port joins it: a bridge-family
+        table made before the netns' first bridge device sees no frames (verified on kernel 6.18)."""
+        if not self._bridge_base_done:
+            self._apply(self._bridge_base(), f"nft table bridge {self.table}")
+            self._bridge_base_done = True
 
     def _tables(self) -> list[str]:
         return [o["table"]["family"] for o in self._list("tables") if "table" in o
