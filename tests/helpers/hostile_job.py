@@ -7,6 +7,7 @@ usage: hostile_job.py STEP [STEP ...]; each step prints one JSON line:
   userns-setup          `unshare -Urn lark-job-wrapper tc qdisc del dev eth0 root`: a namespace the job owns
   tc-del                `tc qdisc del dev eth0 root` in the job's own namespace
   qdisc                 `tc qdisc show dev eth0`
+  iperf3 HOST PORT SECONDS up|down   goodput as iperf3 sees it (bit/s)
   touch PATH            create PATH (tells the test the job got here)
   wait-file PATH        wait (up to 60 s) until PATH exists: the test acts in between
 """
@@ -49,6 +50,14 @@ def main() -> None:
                        "tc", "qdisc", "del", "dev", "eth0", "root"])
         elif step == "tc-del":
             out = run(["tc", "qdisc", "del", "dev", "eth0", "root"])
+        elif step == "iperf3":
+            host, port, secs, direction = (args.pop(0) for _ in range(4))
+            argv = ["iperf3", "-c", host, "-p", port, "-t", secs, "-O", "1", "-J"] + (["-R"] if direction == "down"
+                                                                                   else [])
+            cp = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=float(secs) + 30)
+            report = json.loads(cp.stdout) if cp.stdout.strip().startswith("{") else {}
+            out = {"bps": report.get("end", {}).get("sum_received", {}).get("bits_per_second"),
+                   "error": report.get("error") or cp.stderr[-300:]}
         elif step == "qdisc":
             out = run(["tc", "qdisc", "show", "dev", "eth0"])
         elif step == "touch":

@@ -285,3 +285,26 @@ def test_doctor_does_not_import_lark_from_the_current_directory(tmp_path, monkey
     doctor.run()
     assert not marker.exists(), seen
     assert "-P" in seen["argv"] and seen["cwd"] == "/"
+
+
+def test_client_turns_a_busy_answer_into_a_retryable_error(tmp_path):
+    import socket
+    import threading
+    from lark import protocol
+    from lark.errors import DaemonBusy
+    from lark.job.client import call
+    path = str(tmp_path / "s")
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(path)
+    srv.listen(1)
+
+    def answer_busy():
+        c, _ = srv.accept()
+        c.sendall(protocol.error("larkd is busy: too many open connections from uid:1; retry", busy=True))
+        c.close()
+    t = threading.Thread(target=answer_busy)
+    t.start()
+    with pytest.raises(DaemonBusy, match="busy"):
+        call("setup", path=path, timeout=5)
+    t.join()
+    srv.close()

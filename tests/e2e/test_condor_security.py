@@ -1,0 +1,104 @@
+"""Issue 14 item 2 on a real pool: the job's figures reach its history on a path the job cannot influence, even when
+larkd is killed during the job and its JOB_EXIT hook finds no larkd."""
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from condor import as_root, history, job, submit, testbed, wait_queue
+
+pytestmark = pytest.mark.e2e
+RUNNING = "2"
+
+
+def larkd_pid() -> int:
+    """larkd's pid on this machine: the child of the testbed's condor_master whose command line runs larkd."""
+    master = testbed.load_state()["master_pid"]
+    for pid in testbed._descendants(master):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"/larkd") for a in argv[:2]):
+            return pid
+    raise AssertionError("larkd is not running under the testbed's condor_master")
+
+
+def test_figures_reach_history_when_the_job_kills_its_chirp_and_larkd_dies(pool):
+    """The job sabotages the hooks' path (removes its chirp configuration, as any job can) and larkd is killed -9
+    while the job still runs, so the JOB_EXIT hook finds no larkd: larkd's own pushes to the schedd still put the
+    job's bytes in its history."""
+    size = 10_000_000
+    url = f"http://{testbed.WORLD_IP}:8000/10M.bin"
+    script = ("import os, time, urllib.request\n"
+              "def sabotage():\n"
+              "    p = os.environ.get('_CONDOR_CHIRP_CONFIG') or os.path.join(os.environ['_CONDOR_SCRATCH_DIR'], "
+              "'.chirp.config')\n"
+              "    try:\n"
+              "        os.unlink(p)\n"
+              "        open(p, 'w').write('garbage')\n"
+              "    except OSError:\n"
+              "        pass\n"
+              "sabotage()\n"
+              f"n = len(urllib.request.urlopen('{url}').read())\n"
+              "open('started', 'w').write(str(n))\n"
+              "for _ in range(32):\n"
+              "    sabotage()\n"
+              "    time.sleep(0.25)\n")
+    d = testbed.ROOT / "home" / "alice" / "sec-push"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "started").unlink(missing_ok=True)
+    (d / "sabotage.py").write_text(script)
+    cluster = submit("sec-push", job(args="sabotage.py"))
+    wait_queue(cluster, ["JobStatus"], lambda r: r[0] == RUNNING, timeout=120)
+    marker = d / "started"
+    deadline = time.time() + 60
+    while not marker.exists():
+        assert time.time() < deadline, "the job never finished its download"
+        time.sleep(0.2)
+    time.sleep(3)  # a few polls: larkd has pushed what the job downloaded
+    os.kill(larkd_pid(), signal.SIGKILL)
+    inbytes, lark_type = history(cluster, ["NetworkIncomingBytes", "LarkNetworkType"], timeout=180)
+    assert lark_type == "nat"
+    assert int(inbytes) >= size
+    deadline = time.time() + 60
+    while as_root(["lark", "status"]).returncode != 0:  # condor_master brings larkd back for the next tests
+        assert time.time() < deadline, "larkd did not come back"
+        time.sleep(1)
+
+
+def test_restarted_larkd_takes_over_a_running_job(pool):
+    """larkd killed -9 three seconds into a job that runs on well past condor_master's restart of it: the new larkd
+    adopts the job (status shows it ready), tears it down when it ends ("starter exited", not "orphaned"), and
+    the history holds every byte the job moved, including those after the restart."""
+    size = 10_000_000
+    url = f"http://{testbed.WORLD_IP}:8000/10M.bin"
+    script = ("import time, urllib.request\n"
+              f"urllib.request.urlopen('{url}').read()\n"
+              "time.sleep(20)\n"
+              f"urllib.request.urlopen('{url}').read()\n"
+              "time.sleep(3)\n")
+    d = testbed.ROOT / "home" / "alice" / "sec-restart"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "job.py").write_text(script)
+    cluster = submit("sec-restart", job(args="job.py"))
+    wait_queue(cluster, ["JobStatus"], lambda r: r[0] == RUNNING, timeout=120)
+    time.sleep(3)
+    os.kill(larkd_pid(), signal.SIGKILL)
+    deadline = time.time() + 40
+    while True:
+        cp = as_root(["lark", "status", "--json"])
+        if cp.returncode == 0:
+            break
+        assert time.time() < deadline, "larkd did not come back"
+        time.sleep(0.5)
+    assert '"ready"' in cp.stdout, cp.stdout   # the running job was adopted, not swept
+    inbytes, = history(cluster, ["NetworkIncomingBytes"], timeout=180)
+    assert int(inbytes) >= 2 * size
+    records = [json.loads(p.read_text()) for p in (testbed.ROOT / "var/lib/lark/finished").glob("*.json")]
+    mine = [r for r in records if r.get("job_id") == f"{cluster}.0"]
+    assert len(mine) == 1 and mine[0]["reason"] == "starter exited", mine
+    assert mine[0]["bytes_in"] >= 2 * size
