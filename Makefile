@@ -58,6 +58,7 @@ bench: deps
 	$(VPY) bench/setup_latency.py
 	$(VPY) bench/bandwidth_accuracy.py
 	$(VPY) bench/paper_fig8.py
+	$(VPY) bench/controller.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -73,6 +73,9 @@ class Config:
     controller_ca: str = "/etc/lark/controller/ca.pem"    # the CA that signed the controller's certificate
     controller_cert: str = "/etc/lark/controller/ep.pem"  # this EP's client certificate (its name = the EP)
     controller_key: str = "/etc/lark/controller/ep.key"
+    # The controller's certificate must name this (or the controller_url's host): an EP's certificate from the
+    # same CA can then not pose as the controller.
+    controller_name: str = "controller"
     controller_timeout: float = 2.0     # seconds to wait for the controller's acknowledgement of a job's flows
     controller_failure: str = "closed"  # controller unreachable: "closed" refuses the job, "open" starts it
     controller_resync: float = 30.0     # seconds between full resyncs of this EP's job list (and after restarts)
@@ -178,6 +181,9 @@ class Config:
         if self.controller_url and not re.fullmatch(r"https://[\w.\[\]:-]+(:\d+)?/?", self.controller_url):
             raise bad("controller_url", f"{self.controller_url!r} is not an https URL",
                       'write e.g. "https://10.77.0.2:8443" (mutual TLS), or "" for no controller')
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,253}", self.controller_name):
+            raise bad("controller_name", f"{self.controller_name!r} is not a certificate name",
+                      "use the NAME given to `lark-controller certs` for the controller, e.g. controller")
         if self.controller_failure not in ("closed", "open"):
             raise bad("controller_failure", f"unknown mode {self.controller_failure!r}", "use closed or open")
         if self.controller_timeout <= 0 or self.controller_resync <= 0:

@@ -44,6 +44,7 @@ def peer_name(sock: ssl.SSLSocket) -> str:
 class Handler(BaseHTTPRequestHandler):
     server: "ApiServer"
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True   # headers and body go out as two writes: no 40 ms delayed-ACK stall between them
 
     def log_message(self, fmt: str, *args) -> None:
         log.debug("%s %s", self.client_address[0], fmt % args)

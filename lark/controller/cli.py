@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import ssl
 import sys
@@ -44,7 +45,14 @@ def run(cfg: ControllerConfig) -> int:
     log.info("lark-controller: OpenFlow on %s:%d%s, registration API (mutual TLS) on %s:%d, %d policies, "
              "WAN ports %s", cfg.openflow_host, cfg.openflow_port, " (TLS)" if cfg.openflow_tls else "",
              cfg.api_host, api.server_address[1], len(cfg.policies), cfg.wan_ports or "-")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    def stop(signum: int, _frame) -> None:
+        # os-ken's hub threads are not daemon threads, so a normal exit would wait for them forever. Nothing needs
+        # saving: the flows stay on the switches and the registry comes back from the EPs' resyncs.
+        log.info("lark-controller stopping on signal %d; switches keep their flows", signum)
+        logging.shutdown()
+        os._exit(0)
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     AppManager.run_apps(["lark.controller.ofapp"])
     return 0
 

@@ -89,6 +89,7 @@ class LarkSwitchApp(app_manager.OSKenApp):
             entries = self.registry.entries()
             self._batch(sw, [(BASE_COOKIE, f, "base") for f in self.base]
                         + [(e.cookie, f, e.job.name) for e in entries for f in e.flows], [])
+            self.reconcile_base(sw)
             sw.ready.set()
             log.info("switch %016x has the base flows and %d jobs' flows", sw.dp.id, len(entries))
             if self._grace_over():
@@ -215,6 +216,25 @@ class LarkSwitchApp(app_manager.OSKenApp):
             for stat in reply.body:
                 counts[stat.cookie] = counts.get(stat.cookie, 0) + 1
         return counts
+
+    def reconcile_base(self, sw: Switch) -> int:
+        """Remove the controller's own flows that the current config no longer has (e.g. a WAN policy deleted
+        before a restart), one by one with DELETE_STRICT: the rest keep working meanwhile."""
+        dp = sw.dp
+        p, o = dp.ofproto_parser, dp.ofproto
+        want = {(f.table, f.priority, tuple(sorted(p.OFPMatch(**dict(f.match)).items()))) for f in self.base}
+        req = p.OFPFlowStatsRequest(dp, 0, o.OFPTT_ALL, o.OFPP_ANY, o.OFPG_ANY, BASE_COOKIE, ALL_COOKIES,
+                                    p.OFPMatch())
+        stale = [st for reply in self._request(dp, req, max(self.cfg.barrier_timeout, 5.0)) for st in reply.body
+                 if (st.table_id, st.priority, tuple(sorted(st.match.items()))) not in want]
+        for st in stale:
+            self._send(dp, p.OFPFlowMod(dp, cookie=BASE_COOKIE, cookie_mask=ALL_COOKIES, table_id=st.table_id,
+                                        priority=st.priority, command=o.OFPFC_DELETE_STRICT, out_port=o.OFPP_ANY,
+                                        out_group=o.OFPG_ANY, match=st.match))
+        if stale:
+            self._request(dp, p.OFPBarrierRequest(dp), self.cfg.barrier_timeout)
+            log.info("switch %016x: removed %d flows of policies no longer configured", dp.id, len(stale))
+        return len(stale)
 
     def reconcile(self, sw: Switch) -> dict:
         """Remove the flows of every job cookie on the switch that no registered job owns."""

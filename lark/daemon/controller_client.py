@@ -40,6 +40,7 @@ class ControllerClient:
         # resync can never remove a job whose setup is just finishing.
         self._lock = threading.Lock()
         self._registered: set[str] = set()
+        self._conn: http.client.HTTPSConnection | None = None
         url = urlsplit(cfg.controller_url)
         self.host, self.port = url.hostname or "", url.port or 443
 
@@ -48,6 +49,9 @@ class ControllerClient:
             try:
                 ctx = ssl.create_default_context(cafile=self.cfg.controller_ca)
                 ctx.load_cert_chain(self.cfg.controller_cert, self.cfg.controller_key)
+                # The chain is still verified (CERT_REQUIRED); the name is checked in _check_peer, which also
+                # accepts the controller's certificate name, so an address in controller_url needs no IP SAN.
+                ctx.check_hostname = False
             except (OSError, ssl.SSLError) as e:
                 raise LarkError(f"cannot load this EP's TLS files: {e}",
                                 obj=f"controller_ca/controller_cert/controller_key ({self.cfg.controller_cert})",
@@ -56,19 +60,49 @@ class ControllerClient:
             self._ctx = ctx
         return self._ctx
 
+    def _check_peer(self, sock: ssl.SSLSocket) -> None:
+        cert = sock.getpeercert() or {}
+        names = {v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"}
+        names |= {v for k, v in cert.get("subjectAltName", ()) if k in ("DNS", "IP Address")}
+        if self.cfg.controller_name not in names and self.host not in names:
+            raise ssl.SSLError(f"the certificate at {self.host}:{self.port} names {sorted(names)}, neither "
+                               f"controller_name {self.cfg.controller_name!r} nor {self.host!r}: not the controller")
+
     def _call(self, method: str, path: str, body: object = None) -> tuple[int, dict]:
-        conn = http.client.HTTPSConnection(self.host, self.port, context=self._context(),
-                                           timeout=self.cfg.controller_timeout)
-        try:
-            conn.request(method, path, body=json.dumps(body).encode() if body is not None else None,
-                         headers={"Content-Type": "application/json"})
-            r = conn.getresponse()
+        """One request on the kept-alive connection (callers hold self._lock); a connection the controller closed
+        meanwhile (idle timeout, restart) is replaced once. Saves a TLS handshake per job."""
+        data = json.dumps(body).encode() if body is not None else None
+        for _ in range(2):
+            fresh = self._conn is None
+            if fresh:
+                conn = http.client.HTTPSConnection(self.host, self.port, context=self._context(),
+                                                   timeout=self.cfg.controller_timeout)
+                try:
+                    conn.connect()
+                    self._check_peer(conn.sock)
+                except BaseException:
+                    conn.close()
+                    raise
+                self._conn = conn
+            conn = self._conn
             try:
-                return r.status, json.loads(r.read() or b"{}")
+                conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                raw = r.read()
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                self._conn = None
+                if fresh:
+                    raise
+                continue   # the kept connection had gone stale: once more on a new one
+            if r.will_close:
+                conn.close()
+                self._conn = None
+            try:
+                return r.status, json.loads(raw or b"{}")
             except ValueError:
                 return r.status, {"error": f"HTTP {r.status} with a body that is not JSON"}
-        finally:
-            conn.close()
+        raise OSError("no connection to the controller")  # not reached: the fresh attempt raises or returns
 
     def register(self, plan: NetworkPlan, mac: str) -> None:
         """Returns once the controller has acknowledged the job's flows; on failure refuses the job (closed) or
@@ -81,9 +115,8 @@ class ControllerClient:
                 if code == 200:
                     self._registered.add(plan.key)
         except ssl.SSLCertVerificationError as e:
-            return self._failed(plan.job_id, f"the controller's certificate was refused: {e.verify_message}; make "
-                                "its certificate name this address: `lark-controller certs --dir DIR "
-                                f"controller={self.host}`")
+            return self._failed(plan.job_id, f"the controller's certificate was refused: {e.verify_message} "
+                                "(is controller_ca the CA of `lark-controller certs`?)")
         except (OSError, ssl.SSLError, http.client.HTTPException) as e:
             return self._failed(plan.job_id, f"cannot reach it: {e}")
         except LarkError as e:  # this EP's TLS files

@@ -48,7 +48,7 @@ def free_port() -> int:
 
 class SdnPool:
     def __init__(self, tmp: str, policies: str = "", reconcile_grace: float = 0.0, site_prefixes=(SITE,),
-                 core_ns: str | None = None):
+                 core_ns: str | None = None, openflow_tls: bool = False):
         """core_ns: run the switch and the controller in this existing netns (e.g. a fake EP's) and make no WAN."""
         self.id = secrets.token_hex(3)
         self.tmp = Path(tmp)
@@ -67,6 +67,8 @@ class SdnPool:
         self.policies = policies
         self.reconcile_grace = reconcile_grace
         self.site_prefixes = list(site_prefixes)
+        self._contexts: dict = {}
+        self.openflow_tls = openflow_tls
 
     # -- topology ---------------------------------------------------------------------------------------
     def _netns(self, name: str) -> None:
@@ -82,11 +84,16 @@ class SdnPool:
                        "protocols=OpenFlow13", "fail_mode=secure")
         if self.own_core:
             self._make_wan()
-        certs.make(str(self.tls), ["controller=127.0.0.1", "ep1", "ep2", "intruder"])
+        certs.make(str(self.tls), ["controller=127.0.0.1", "ep1", "ep2", "intruder", "switch"])
         certs.make(str(self.tmp / "other-ca"), ["ep1"])
         self.write_config()
         self.start_controller()
-        self.ovs.vsctl("set-controller", BRIDGE, f"tcp:127.0.0.1:{self.of_port}")
+        if self.openflow_tls:
+            t = self.tls
+            self.ovs.vsctl("set-ssl", str(t / "switch.key"), str(t / "switch.pem"), str(t / "ca.pem"))
+            self.ovs.vsctl("set-controller", BRIDGE, f"ssl:127.0.0.1:{self.of_port}")
+        else:
+            self.ovs.vsctl("set-controller", BRIDGE, f"tcp:127.0.0.1:{self.of_port}")
         self.wait_switch()
         return self
 
@@ -113,6 +120,7 @@ class SdnPool:
 [openflow]
 host = "127.0.0.1"
 port = {self.of_port}
+tls = {"true" if self.openflow_tls else "false"}
 [api]
 host = "127.0.0.1"
 port = {self.api_port}
@@ -196,11 +204,14 @@ reconcile_interval = 3600
         raise RuntimeError(f"switch did not connect:\n{self.log()}")
 
     def ssl_context(self, cert: str | None, ca_dir: Path | None = None) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.tls / "ca.pem"))
-        if cert:
-            d = ca_dir or self.tls
-            ctx.load_cert_chain(str(d / f"{cert}.pem"), str(d / f"{cert}.key"))
-        return ctx
+        key = (cert, str(ca_dir))
+        if key not in self._contexts:  # like larkd: one context per client, a new TLS connection per request
+            ctx = ssl.create_default_context(cafile=str(self.tls / "ca.pem"))
+            if cert:
+                d = ca_dir or self.tls
+                ctx.load_cert_chain(str(d / f"{cert}.pem"), str(d / f"{cert}.key"))
+            self._contexts[key] = ctx
+        return self._contexts[key]
 
     def api(self, method: str, path: str, body: object = None, cert: str | None = "ep1",
             ca_dir: Path | None = None, timeout: float = 10) -> tuple[int, dict]:

@@ -161,3 +161,43 @@ def test_status_command_prints_jobs_and_totals(pool):
              str(pool.cfg_path)])
     assert "switches connected: 1" in cp.stdout and "jobs: 5" in cp.stdout, cp.stdout
     assert "drop:blocked" in cp.stdout and "wan:cms-wan1" in cp.stdout
+
+
+def test_a_restart_with_fewer_policies_removes_their_flows(pool):
+    jobs(pool)
+    wan_drop = "priority=200,ip,metadata=0x100000000/0xff00000000 actions=drop"
+    assert any(wan_drop in f for f in pool.flows())
+    base_before = [f for f in pool.flows() if "cookie=0x4c41524b00000000" in f]
+    pool.kill_controller()
+    pool.policies = POLICIES.split('[[policy]]\nname = "students-no-wan"')[0]   # keep "blocked" and "slices"
+    pool.write_config()
+    pool.start_controller()
+    pool.wait_switch()
+    base_after = [f for f in pool.flows() if "cookie=0x4c41524b00000000" in f]
+    assert not any("metadata=0x100000000/" in f or "metadata=0x300000000/" in f for f in base_after), base_after
+    assert len(base_after) == 5 and len(base_before) == 15
+    # the jobs' own flows were left alone (they are reconciled by cookie after the grace period)
+    assert len([f for f in pool.flows() if "cookie=0x4a" in f]) == 22
+
+
+def test_openflow_over_tls(tmp_path):
+    """The switch connects over TLS with its own certificate from the controller's CA, as a hardware switch would."""
+    p = SdnPool(str(tmp_path), policies=POLICIES, openflow_tls=True)
+    try:
+        p.start()
+        p.add_job("alice1", "ep1", "alice", 10)
+        p.add_job("bob", "ep2", "bob", 12)
+        assert p.register("alice1")[0] == 200 and p.register("bob")[0] == 200
+        assert not p.connects("alice1", p.ip("bob")) and p.connects("alice1", GW, 7000)
+    finally:
+        p.close()
+
+
+def test_sigterm_stops_the_controller_and_the_flows_stay(pool):
+    import signal
+    jobs(pool)
+    pool.ctl.send_signal(signal.SIGTERM)
+    assert pool.ctl.wait(10) == 0
+    assert "stopping on signal 15" in pool.log()
+    assert len([f for f in pool.flows() if "cookie=0x4a" in f]) == 22
+    assert pool.connects("alice1", pool.ip("alice2")) and not pool.connects("alice1", pool.ip("bob"))

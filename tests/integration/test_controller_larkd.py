@@ -18,14 +18,15 @@ AD = 'ClusterId = {n}\nProcId = 0\nOwner = "alice"\nAcctGroup = "cms"\nProjectNa
 
 
 def ep_host(fakehost_factory, tmp_path, **kw):
-    """A fake EP whose larkd talks to a controller (not started yet) in the EP's own netns, on loopback."""
+    """A fake EP whose larkd talks to a controller (not started yet) in the EP's own netns, on loopback. It resyncs
+    only when it starts (controller_resync is long), so the tests see which event restored the controller's view."""
     tls = tmp_path / "tls"
     certs.make(str(tls), ["controller=127.0.0.1", "ep1"])
     pool_ports = SdnPool(str(tmp_path))   # only for its free ports and TLS paths; started later in the EP netns
     host = fakehost_factory(**BRIDGE_CFG, controller_url=f"https://127.0.0.1:{pool_ports.api_port}",
                             controller_ca=str(tls / "ca.pem"), controller_cert=str(tls / "ep1.pem"),
                             controller_key=str(tls / "ep1.key"), controller_timeout=2.0,
-                            controller_attributes=["ProjectName"], **kw)
+                            controller_attributes=["ProjectName"], controller_resync=3600.0, **kw)
     return host, pool_ports
 
 
@@ -57,7 +58,7 @@ def test_larkd_registers_a_real_job_before_it_runs_and_removes_it_at_teardown(cl
 
     pool = start_controller(host, ports)
     try:
-        p = host.spawn_job("slot2", ["listen", "9000", "8"], job_ad=AD.format(n=71))
+        p = host.spawn_job("slot2", ["listen", "9000", "30"], job_ad=AD.format(n=71))
         j = wait_ready(host, "slot2")
         ip = j["plan"]["ipv4"]
         # As soon as larkd reports the job ready (it answered the wrapper), its flows are on the switch.
@@ -69,7 +70,7 @@ def test_larkd_registers_a_real_job_before_it_runs_and_removes_it_at_teardown(cl
         assert len(flows) == 5 and any(f"nw_src={ip}" in f for f in flows), flows
         assert f"registered with the controller: cookie {reg['cookie']}" in host.larkd_log()
         p.kill()
-        p.communicate(timeout=10)
+        p.wait(10)  # the starter; its job ends on its own listen timeout
         assert host.wait_clean() == {k: [] for k in host.residue()}
         deadline = time.time() + 5
         while pool.flows_with_cookie(reg["cookie"]) and time.time() < deadline:
@@ -92,7 +93,7 @@ def test_restarted_larkd_resyncs_its_jobs_to_the_controller(closed_ep):
     host, ports = closed_ep
     pool = start_controller(host, ports)
     try:
-        p = host.spawn_job("slot3", ["listen", "9000", "15"], job_ad=AD.format(n=73))
+        p = host.spawn_job("slot3", ["listen", "9000", "45"], job_ad=AD.format(n=73))  # outlives slow restarts
         wait_ready(host, "slot3")
         # The controller loses its state (kill -9 and start), then larkd restarts: its first resync restores it.
         pool.kill_controller()
@@ -109,6 +110,6 @@ def test_restarted_larkd_resyncs_its_jobs_to_the_controller(closed_ep):
             time.sleep(0.2)
         assert [j["job_id"] for j in st["jobs"]] == ["73.0"], host.larkd_log()
         p.kill()
-        p.communicate(timeout=10)
+        p.wait(10)  # the starter; its job ends on its own listen timeout
     finally:
         pool.close()

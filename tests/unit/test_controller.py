@@ -177,3 +177,113 @@ def test_nat_jobs_and_disabled_client_do_not_register(tls):
     nat.network_type = "nat"
     client(tls, "closed").register(nat, "")   # would raise if it tried: nothing listens
     ControllerClient(Config(), records=None).register(plan(), "02:00:00:00:00:05")
+
+
+class FakeApp:
+    """Stands in for the OpenFlow app: records what would go to the switches, answers as told."""
+    def __init__(self, switches=1, errors=()):
+        self.switches_n, self.errors, self.calls = switches, list(errors), []
+        self.switches = {}
+        self.last_reconcile = {}
+
+    def apply(self, install, remove):
+        self.calls.append(([e.cookie for e in install], [e.cookie for e in remove]))
+        return {"switches": self.switches_n, "flows": sum(len(e.flows) for e in install), "removed": len(remove),
+                "errors": self.errors}
+
+
+@pytest.fixture
+def service(monkeypatch):
+    from lark.controller import ofapp
+    from lark.controller.service import Controller
+
+    def make(app):
+        monkeypatch.setattr(ofapp, "INSTANCE", app)
+        return Controller(cfg(), Registry(cfg()))
+    return make
+
+
+def test_registration_is_acknowledged_only_when_a_switch_has_the_flows(service):
+    ok = service(FakeApp())
+    code, body = ok.register(job(1))
+    assert code == 200 and body["switches"] == 1 and body["flows_per_switch"] == 5
+    none = service(FakeApp(switches=0))
+    code, body = none.register(job(2))
+    assert code == 503 and "no switch is connected" in body["error"] and "job 2.0" in body["error"]
+    assert len(none.registry) == 1          # kept: a switch that connects later gets its flows
+    bad = service(FakeApp(errors=["switch 1 refused flows of 3.0: OpenFlow error type 5 code 1"]))
+    code, body = bad.register(job(3))
+    assert code == 503 and "refused flows of 3.0" in body["error"]
+
+
+def test_unregister_and_resync_remove_by_cookie_and_are_idempotent(service):
+    app = FakeApp()
+    c = service(app)
+    c.register(job(1))
+    c.register(job(2))
+    assert c.unregister("ep1", "slot1") == (200, {"removed": True, "switches": 1})
+    assert app.calls[-1] == ([], [job(1).cookie])
+    assert c.unregister("ep1", "slot1") == (200, {"removed": False})
+    n = len(app.calls)
+    assert c.sync("ep1", [job(2)])[1]["installed"] == 0 and len(app.calls) == n   # nothing changed: no flow mods
+    code, body = c.sync("ep1", [])
+    assert body["removed"] == 1 and app.calls[-1] == ([], [job(2).cookie])
+    st = c.status()
+    assert st["totals"]["jobs"] == 0 and st["totals"]["base_flows"] == len(base_flows(cfg()))
+
+
+def test_larkd_accepts_only_the_controllers_certificate(tls):
+    import ssl as _ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler
+    from lark.controller import certs
+
+    certs.make(str(tls), ["ep2"])   # another EP's certificate from the same CA, posing as the controller
+
+    class Ack(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"   # keep-alive, as the controller's API
+        connections = []
+
+        def setup(self):
+            super().setup()
+            Ack.connections.append(self.client_address)
+
+        def do_POST(self):
+            # Answer, then drop the connection without saying so: the client's kept connection goes stale.
+            self.close_connection = True
+            self.rfile.read(int(self.headers["Content-Length"]))
+            data = b'{"cookie": "0x4a", "flows_per_switch": 5, "switches": 1}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    def serve(name):
+        from http.server import ThreadingHTTPServer
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Ack)
+        ctx = _ssl.SSLContext(_ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(tls / f"{name}.pem"), str(tls / f"{name}.key"))
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        return srv
+
+    for name, accepted in (("controller", True), ("ep2", False)):
+        srv = serve(name)
+        try:
+            c = Config(controller_url=f"https://127.0.0.1:{srv.server_address[1]}", controller_ca=str(tls / "ca.pem"),
+                       controller_cert=str(tls / "ep1.pem"), controller_key=str(tls / "ep1.key"),
+                       controller_timeout=2.0).validate()
+            if accepted:
+                client = ControllerClient(c, records=None)
+                client.register(plan(), "02:00:00:00:00:05")
+                client.register(plan(), "02:00:00:00:00:05")   # the stale connection is replaced once
+                assert len(Ack.connections) == 2
+            else:
+                with pytest.raises(LarkError) as e:
+                    ControllerClient(c, records=None).register(plan(), "02:00:00:00:00:05")
+                assert "not the controller" in str(e.value) and "job 5.0" in str(e.value)
+        finally:
+            srv.shutdown()
