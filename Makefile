@@ -5,7 +5,7 @@ VPY := $(VENV)/bin/python
 APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-switch iperf3 \
                 containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates
 
-.PHONY: deps test unit integration e2e testbed demo demo-pool demo-fake bench clean
+.PHONY: deps test unit integration e2e e2e-pool testbed demo demo-pool demo-fake bench clean
 
 deps: $(VENV)/.installed
 
@@ -37,6 +37,10 @@ testbed: deps
 
 e2e: deps
 	$(VPY) -m pytest -q -p no:cacheprovider tests/e2e
+
+# Only the pool testbed's end-to-end tests (docs/pool.md); `make test` runs them too, once.
+e2e-pool: deps
+	flock /tmp/lark-testbed.lock $(VPY) -m pytest -q -p no:cacheprovider tests/e2e_pool
 
 # The main job: a real pool (testbed), jobs from three users, one table from condor_history, pool stopped.
 demo: deps

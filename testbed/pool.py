@@ -422,19 +422,28 @@ def start_controller(state: dict) -> None:
     EP's certificate name is the EP's identity at the controller."""
     shutil.rmtree(CERTS, ignore_errors=True)
     controller_cli("certs", "--dir", str(CERTS), f"controller={ADDRESS['cm']}", *EPS)
-    conf = POOL / "controller.toml"
-    conf.write_text(controller_config())
-    out = open(POOL / "controller.log", "a")
-    exe = shutil.which("lark-controller", path=_venv_bin())
-    p = subprocess.Popen(in_ns("cm", [exe, "run", "--config", str(conf)]), stdout=out, stderr=out)
-    state["pids"]["controller"] = p.pid
-    save_state(state)
+    (POOL / "controller.toml").write_text(controller_config())
+    p = _spawn_controller(state)
     # secure: without a controller the switch keeps the flows it has and never falls back to learning.
     vsctl("set", "bridge", SWITCH, "fail_mode=secure", "--", "set-controller", SWITCH,
           f"tcp:{MGMT_CM}:{OPENFLOW_PORT}")
-    deadline = time.time() + 30
+    _wait_switch_ready(p)
+
+
+def _spawn_controller(state: dict) -> subprocess.Popen:
+    out = open(POOL / "controller.log", "a")
+    exe = shutil.which("lark-controller", path=_venv_bin())
+    p = subprocess.Popen(in_ns("cm", [exe, "run", "--config", str(POOL / "controller.toml")]), stdout=out,
+                         stderr=out)
+    state["pids"]["controller"] = p.pid
+    save_state(state)
+    return p
+
+
+def _wait_switch_ready(p: subprocess.Popen, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
     while time.time() < deadline:
-        cp = controller_cli("status", "--config", str(conf), "--json", check=False)
+        cp = controller_cli("status", "--config", str(POOL / "controller.toml"), "--json", check=False)
         try:
             if cp.returncode == 0 and any(sw.get("ready") for sw in json.loads(cp.stdout)["switches"]):
                 log.info("lark-controller up, switch %s connected", SWITCH)
@@ -445,6 +454,21 @@ def start_controller(state: dict) -> None:
             break
         time.sleep(0.5)
     raise RuntimeError(f"pool: lark-controller did not get the switch ready; see {POOL}/controller.log")
+
+
+def kill_controller() -> None:
+    """kill -9, as a crash would: the switch keeps the flows it has (fail_mode=secure)."""
+    state = load_state()
+    pid = state["pids"].pop("controller")
+    os.kill(pid, signal.SIGKILL)
+    tb._wait_gone(pid, 10)
+    save_state(state)
+
+
+def restart_controller() -> None:
+    """Start the controller again after kill_controller(); it rebuilds its view from the EPs' resyncs."""
+    state = load_state()
+    _wait_switch_ready(_spawn_controller(state))
 
 
 def start() -> None:

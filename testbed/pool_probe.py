@@ -124,10 +124,12 @@ def _why(jobs: list[ProbeJob]) -> str:
 
 
 def run_probes(jobs: list[ProbeJob], run: str = "probe", timeout: float = 180,
-               while_running: Callable[[], None] | None = None) -> list[ProbeJob]:
+               while_running: Callable[[], None] | None = None,
+               before_probing: Callable[[], None] | None = None) -> list[ProbeJob]:
     """Submit one probe job per entry, let every job try every other one and the WAN, collect the answers.
 
-    `while_running` is called once all answers are in and before the jobs are let go (their networks exist)."""
+    `before_probing` is called once every job runs networked and before any probes; `while_running` once all
+    answers are in and before the jobs are let go (their networks still exist)."""
     for j in jobs:
         j.cluster = pool.submit_as(j.user, j.dir(run), submit_file(j), files={"probe.py": PROGRAM})
         log.info("%s: job %d.0", j.label, j.cluster)
@@ -135,6 +137,8 @@ def run_probes(jobs: list[ProbeJob], run: str = "probe", timeout: float = 180,
         _wait_files(jobs, run, "me.json", timeout)
         for j in jobs:
             j.address = json.loads((j.path(run) / "me.json").read_text())["address"]
+        if before_probing:
+            before_probing()
         for j in jobs:
             peers = {o.label: o.address for o in jobs if o is not j}
             _put(j.path(run) / "targets.json", {"peers": peers, "wan_port": pool.WAN_HTTP_PORT})

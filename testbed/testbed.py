@@ -189,6 +189,10 @@ def install() -> None:
         link.symlink_to(f"/opt/lark/bin/{name}")
     confd = ROOT / "etc/condor/config.d"
     for f in (REPO / "condor_config.d").iterdir():
+        # *.example files are for other hosts (HTCondor would read them: its exclude list has no .example).
+        if f.suffix == ".example":
+            (confd / f.name).unlink(missing_ok=True)
+            continue
         shutil.copy(f, confd / f.name)
     (confd / "90-lark-testbed.conf").write_text(
         "# Testbed only: a chroot cannot unshare the mount namespace for MOUNT_UNDER_SCRATCH (EINVAL).\n"

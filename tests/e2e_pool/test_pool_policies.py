@@ -64,3 +64,29 @@ def test_controller_knew_every_job_while_it_ran_and_none_after(policy_run, contr
         time.sleep(1)
         after = controller_status()
     assert after["totals"]["jobs"] == 0 and after["totals"]["job_flows"] == 0, after
+
+
+def test_policies_hold_while_the_controller_is_down_and_it_rebuilds_its_view(lark_pool, policy_run,
+                                                                              controller_status):
+    # Proactive flows: once the jobs run, kill -9 the controller; the switch (fail_mode=secure) keeps every
+    # job's flows, so the jobs see the same policies. The restarted controller learns the jobs again from
+    # the EPs' resyncs (larkd resyncs at least every controller_resync = 30 s).
+    from pool_probe import ProbeJob, run_probes
+    views = {}
+
+    def restart() -> None:
+        lark_pool.restart_controller()
+        deadline = time.time() + 45
+        views["after_restart"] = controller_status()
+        while views["after_restart"]["totals"]["jobs"] < 3 and time.time() < deadline:
+            time.sleep(1)
+            views["after_restart"] = controller_status()
+
+    jobs = {j.label: j for j in run_probes([ProbeJob("alice", "ep1"), ProbeJob("alice", "ep2"),
+                                            ProbeJob("bob", "ep2")], run="down",
+                                           before_probing=lark_pool.kill_controller, while_running=restart)}
+    assert jobs["alice@ep1"].seen["alice@ep2"] == "reached"
+    assert jobs["alice@ep1"].seen["bob@ep2"].startswith("blocked")
+    assert jobs["bob@ep2"].seen["wan"] == "wan1"
+    assert jobs["alice@ep1"].seen["wan"] == "wan0"
+    assert {j["job_id"] for j in views["after_restart"]["jobs"]} == {f"{j.cluster}.0" for j in jobs.values()}
