@@ -113,7 +113,7 @@ class JobNetworker:
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
                     # job's own netns, where the job has no CAP_NET_ADMIN to change it.
-                    job_netns.block_inbound(ns_fd, self.netns_path(plan.key), plan.job_id)
+                    job_netns.block_inbound(ns_fd, plan.job_id)
                 self.fw.add_job(net, n)
                 self.acct.start(plan.key, rec.created, n.host_if if mode.counts_by_link else None)
         finally:

@@ -9,9 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
+
+from ..statefiles import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -35,35 +36,6 @@ class JobRecord:
 _RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 
 
-def remove_stale_temps(directory: str) -> list[str]:
-    """Temp files of writers that died between write and rename (`<name>.tmp.<pid>.<thread>`)."""
-    removed = []
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        _, sep, tail = name.partition(".tmp.")
-        if not sep:
-            continue
-        pid = tail.split(".")[0]
-        if pid.isdigit() and (int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}")):
-            continue  # a live writer (this daemon's own threads included) is mid-write
-        try:
-            os.unlink(os.path.join(directory, name))
-            removed.append(name)
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def _atomic_write(path: str, data: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    with open(tmp, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 class RecordStore:
     def __init__(self, directory: str):
         self.dir = directory
@@ -73,7 +45,7 @@ class RecordStore:
         return os.path.join(self.dir, f"{key}.json")
 
     def save(self, rec: JobRecord) -> None:
-        _atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
+        atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
 
     def load(self, key: str) -> JobRecord | None:
         try:
@@ -115,7 +87,7 @@ class FinishedStore:
 
     def save(self, key: str, summary: dict) -> str:
         name = f"{int(summary.get('ended', time.time()) * 1000)}-{key}.json"
-        _atomic_write(os.path.join(self.dir, name), json.dumps(summary, sort_keys=True))
+        atomic_write(os.path.join(self.dir, name), json.dumps(summary, sort_keys=True))
         self._prune()
         return name
 

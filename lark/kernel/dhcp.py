@@ -8,6 +8,7 @@ in a per-slot cache so the slot's next job reuses it without a new DISCOVER.
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -17,6 +18,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..errors import LarkError
+from ..statefiles import atomic_write
 
 log = logging.getLogger(__name__)
 MAGIC = b"\x63\x82\x53\x63"
@@ -36,10 +38,6 @@ class Lease:
     t1: int
     t2: int
     obtained: float          # wall clock, so a cached lease means the same after a larkd restart
-
-    @property
-    def expires(self) -> float:
-        return self.obtained + self.lease_time
 
     def renew_due(self, now: float | None = None) -> bool:
         return (now or time.time()) >= self.obtained + self.t1
@@ -195,7 +193,6 @@ class LeaseCache:
         return os.path.join(self.dir, f"{key}.lease")
 
     def get(self, key: str) -> Lease | None:
-        import json
         try:
             with open(self.path(key)) as f:
                 return Lease.from_dict(json.load(f))
@@ -203,12 +200,8 @@ class LeaseCache:
             return None
 
     def put(self, key: str, lease: Lease) -> None:
-        import json
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        tmp = self.path(key) + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(lease.to_dict(), f)
-        os.replace(tmp, self.path(key))
+        atomic_write(self.path(key), json.dumps(lease.to_dict()))
 
     def drop(self, key: str) -> None:
         try:

@@ -1,36 +1,30 @@
 """`lark detect-bandwidth`: the uplink's negotiated speed, for MACHINE_RESOURCE_INVENTORY_Bandwidth."""
 from __future__ import annotations
 
-import array
-import fcntl
-import socket
-import struct
+import os
 
 from ..errors import LarkError
 
-SIOCETHTOOL = 0x8946
-ETHTOOL_GSET = 0x00000001
-SPEED_UNKNOWN = (0xFFFF, 0xFFFFFFFF)
+SYSFS_NET = "/sys/class/net"
 
 
-def link_speed_mbit(ifname: str) -> int | None:
-    """Negotiated speed from the driver (ethtool ioctl, in the caller's netns); None when it reports none."""
-    # struct ethtool_cmd: cmd u32, supported u32, advertising u32, speed u16, duplex u8, ... speed_hi u16 @ 28
-    buf = array.array("B", struct.pack("I", ETHTOOL_GSET) + b"\0" * 40)
-    ifreq = struct.pack("16sP", ifname.encode()[:15], buf.buffer_info()[0])
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            fcntl.ioctl(s.fileno(), SIOCETHTOOL, ifreq)
-        except OSError as e:
-            if e.errno == 19:
-                raise LarkError("no such interface", obj=f"uplink {ifname}", fix="set uplink in the larkd config") \
-                    from None
-            return None
-    data = buf.tobytes()
-    speed = struct.unpack_from("H", data, 12)[0] | (struct.unpack_from("H", data, 28)[0] << 16)
-    if speed == 0 or speed in SPEED_UNKNOWN:
+def link_speed_mbit(ifname: str, sysfs_net: str = SYSFS_NET) -> int | None:
+    """Negotiated speed (Mbit/s) the driver reports in sysfs; None when it reports none.
+
+    /sys shows the interfaces of the netns it was mounted in: run this in the host's netns (as the startd does).
+    """
+    try:
+        present = ifname in os.listdir(sysfs_net)  # an exact name, never a path
+    except FileNotFoundError:
+        present = False
+    if not present:
+        raise LarkError("no such interface", obj=f"uplink {ifname}", fix="set uplink in the larkd config")
+    try:
+        with open(os.path.join(sysfs_net, ifname, "speed")) as f:
+            speed = int(f.read().strip())
+    except (OSError, ValueError):  # EINVAL: link down, or a driver that has no notion of speed
         return None
-    return speed
+    return speed if speed > 0 else None  # SPEED_UNKNOWN reads as -1
 
 
 def detect(ifname: str, configured: int) -> int:

@@ -70,20 +70,3 @@ def apply(ipr: IPRoute, host_index: int, nipr: IPRoute, job_index: int, limit: L
         raise LarkError(f"cannot install the {limit.mbit:g} Mbit/s limit: {e}", job=job, obj="tc htb",
                         fix="check that the kernel has sch_htb (`lark doctor`)") from None
     log.debug("job %s limited to %g Mbit/s each way (burst %d bytes)", job, limit.mbit, limit.burst)
-
-
-def read_rate(ipr: IPRoute, index: int) -> int | None:
-    """The rate (bit/s) of the job's HTB class on a device, or None when it has none."""
-    for msg in ipr.get_classes(index=index):
-        if msg.get("handle") != CLASS_HANDLE:
-            continue
-        opts = msg.get_attr("TCA_OPTIONS")
-        if opts is None:
-            continue
-        rate64 = opts.get_attr("TCA_HTB_RATE64")
-        if rate64:
-            return int(rate64) * 8
-        parms = opts.get_attr("TCA_HTB_PARMS")
-        if parms:
-            return int(parms["rate"]) * 8
-    return None

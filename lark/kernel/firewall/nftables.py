@@ -13,7 +13,7 @@ from ...errors import LarkError
 from . import libnft
 from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if
 from ...plan import JobNetwork
-from .base import Counters, Firewall, run_tool
+from .base import Counters, Firewall
 
 log = logging.getLogger(__name__)
 WILDCARD = HOST_IF_PREFIX + "*"
@@ -51,21 +51,13 @@ class NftablesFirewall(Firewall):
         self._bridge_base_done = False  # the bridge table's base goes in once per daemon, with its first job
 
     # -- plumbing -------------------------------------------------------------------------------------
-    def _nft(self, argv: list[str], payload: str, what: str) -> tuple[int, str, str]:
-        lib = libnft.get()
-        if lib is not None:
-            return lib.run(payload)
-        cp = run_tool(["nft", "-j", *argv], input=payload if argv == ["-f", "-"] else None, what=what,
-                      check=False)
-        return cp.returncode, cp.stdout, cp.stderr
-
     def _apply(self, cmds: list[dict], what: str) -> None:
-        rc, _, err = self._nft(["-f", "-"], json.dumps({"nftables": cmds}), what)
+        rc, _, err = libnft.get().run(json.dumps({"nftables": cmds}))
         if rc != 0:
             raise LarkError(f"nft failed: {err.strip()[:500]}", obj=what)
 
     def _list(self, *what: str) -> list[dict]:
-        rc, out, err = self._nft(["list", *what], "list " + " ".join(what), f"nft list {' '.join(what)}")
+        rc, out, err = libnft.get().run("list " + " ".join(what))
         if rc != 0:
             if "No such file" in err or "does not exist" in err:
                 return []
