@@ -118,5 +118,5 @@ def authorize_job(peer: Peer, starter_paths: list[str], daemon_netns: int) -> tu
     starter = find_starter(peer.pid, starter_paths)
     if starter is None:
         raise LarkError("requesting process does not descend from a configured starter",
-                        obj=f"pid {peer.pid} uid {peer.uid}", fix="check starter_paths in the larkd config")
+                        obj=f"pid {peer.pid} uid {peer.uid}", fix="check LARK_STARTER_PATHS")
     return starter, job_ns

@@ -18,7 +18,7 @@ def link_speed_mbit(ifname: str, sysfs_net: str = SYSFS_NET) -> int | None:
     except FileNotFoundError:
         present = False
     if not present:
-        raise LarkError("no such interface", obj=f"uplink {ifname}", fix="set uplink in the larkd config")
+        raise LarkError("no such interface", obj=f"uplink {ifname}", fix="set LARK_UPLINK")
     try:
         with open(os.path.join(sysfs_net, ifname, "speed")) as f:
             speed = int(f.read().strip())
@@ -34,4 +34,4 @@ def detect(ifname: str, configured: int) -> int:
     if configured > 0:
         return configured
     raise LarkError("the driver reports no link speed (typical of virtual NICs)", obj=f"uplink {ifname}",
-                    fix="set bandwidth_mbit in the [network] section of the larkd config")
+                    fix="set LARK_BANDWIDTH_MBIT")

@@ -98,11 +98,11 @@ class IptablesFirewall(Firewall):
             return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
         if plan.ipv6:
             raise LarkError("IPv6 jobs need the nftables firewall backend", job=plan.job_id,
-                            obj="firewall = iptables", fix='set firewall = "nftables" in lark.toml')
+                            obj="firewall = iptables", fix="set LARK_FIREWALL = nftables")
         if plan.network_type != "nat":
             # Bridged frames need ebtables-style filtering; Lark does that with nftables' bridge family only.
             raise LarkError(f"{plan.network_type} mode needs the nftables firewall backend", job=plan.job_id,
-                            obj="firewall = iptables", fix='set firewall = "nftables" in lark.toml')
+                            obj="firewall = iptables", fix="set LARK_FIREWALL = nftables")
         cfg, k = self.cfg, names.key
         up = cfg.uplink
 
