@@ -3,7 +3,9 @@
 One UDP socket bound to port 68 on the job's device does the whole exchange: with the broadcast flag set the
 server answers by broadcast, which reaches the socket although the device has no address yet. Renewals and
 releases are unicast from the leased address. The lease is plain data (`Lease`), kept in the job's record and
-in a per-slot cache so the slot's next job reuses it without a new DISCOVER.
+in a per-slot cache so the slot's next job reuses it without a new DISCOVER. Packets are encoded and decoded by
+pyroute2's DHCPv4 codec; its client (`pyroute2.dhcp`) is not used because it runs a whole interface state machine
+of its own, while larkd needs one exchange at a time in another namespace, with the lease cached per slot.
 """
 from __future__ import annotations
 
@@ -13,19 +15,21 @@ import logging
 import os
 import secrets
 import socket
-import struct
 import time
 from dataclasses import asdict, dataclass
+
+from pyroute2.dhcp.dhcp4msg import dhcp4msg
+from pyroute2.dhcp.enums.dhcp import MessageType
 
 from ..errors import LarkError
 from ..statefiles import atomic_write
 
 log = logging.getLogger(__name__)
 MAGIC = b"\x63\x82\x53\x63"
+BOOTP_SIZE = 236  # fixed BOOTP header; the options cookie (MAGIC) follows
 DISCOVER, OFFER, REQUEST, DECLINE, ACK, NAK, RELEASE = 1, 2, 3, 4, 5, 6, 7
-OPT_MASK, OPT_ROUTER, OPT_DNS, OPT_REQ_IP, OPT_LEASE, OPT_TYPE, OPT_SERVER = 1, 3, 6, 50, 51, 53, 54
-OPT_PARAMS, OPT_T1, OPT_T2, OPT_CLIENT_ID, OPT_END = 55, 58, 59, 61, 255
-BOOTP = struct.Struct("!BBBBIHH4s4s4s4s16s64s128s")
+# Asked of the server: mask, router, DNS, lease time, server id, T1, T2.
+PARAMS = [1, 3, 6, 51, 54, 58, 59]
 
 
 @dataclass
@@ -54,64 +58,47 @@ class Lease:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
 
-def _options(items: list[tuple[int, bytes]]) -> bytes:
-    out = b""
-    for code, value in items:
-        out += bytes([code, len(value)]) + value
-    return out + bytes([OPT_END])
-
-
 def build(msg_type: int, xid: int, mac: str, *, ciaddr: str = "0.0.0.0", requested: str | None = None,
           server: str | None = None, broadcast: bool = True) -> bytes:
-    hw = bytes.fromhex(mac.replace(":", ""))
-    head = BOOTP.pack(1, 1, 6, 0, xid, 0, 0x8000 if broadcast else 0, socket.inet_aton(ciaddr), bytes(4), bytes(4),
-                      bytes(4), hw.ljust(16, b"\0"), bytes(64), bytes(128))
-    opts = [(OPT_TYPE, bytes([msg_type])), (OPT_CLIENT_ID, b"\x01" + hw)]
+    """A client message, encoded by pyroute2's DHCPv4 codec."""
+    options: dict = {"message_type": MessageType(msg_type), "client_id": {"type": 1, "key": mac}}
     if requested:
-        opts.append((OPT_REQ_IP, socket.inet_aton(requested)))
+        options["requested_ip"] = requested
     if server:
-        opts.append((OPT_SERVER, socket.inet_aton(server)))
+        options["server_id"] = server
     if msg_type in (DISCOVER, REQUEST):
-        opts.append((OPT_PARAMS, bytes([OPT_MASK, OPT_ROUTER, OPT_DNS, OPT_LEASE, OPT_SERVER, OPT_T1, OPT_T2])))
-    return head + MAGIC + _options(opts)
+        options["parameter_list"] = PARAMS
+    return dhcp4msg({"op": 1, "xid": xid, "flags": 0x8000 if broadcast else 0, "ciaddr": ciaddr, "chaddr": mac,
+                     "options": options}).encode().buf
 
 
-def parse(data: bytes) -> tuple[int, str, dict[int, bytes]] | None:
-    """(xid, yiaddr, options) of a server reply, or None for anything that is not one."""
-    if len(data) < BOOTP.size + 4 or data[0] != 2 or data[BOOTP.size:BOOTP.size + 4] != MAGIC:
+def parse(data: bytes) -> tuple[int, str, dict] | None:
+    """(xid, yiaddr, options by pyroute2's names) of a server reply, or None for anything that is not one."""
+    if len(data) < BOOTP_SIZE + 4 or data[0] != 2 or data[BOOTP_SIZE:BOOTP_SIZE + 4] != MAGIC:
         return None
-    fields = BOOTP.unpack_from(data)
-    opts: dict[int, bytes] = {}
-    i = BOOTP.size + 4
-    while i < len(data):
-        code = data[i]
-        if code == OPT_END:
-            break
-        if code == 0:
-            i += 1
-            continue
-        if i + 1 >= len(data):
-            return None
-        n = data[i + 1]
-        opts[code] = data[i + 2:i + 2 + n]
-        i += 2 + n
-    return fields[4], socket.inet_ntoa(fields[8]), opts
+    try:
+        msg = dhcp4msg(buf=data).decode()
+    except Exception as e:  # whatever a hostile or broken server sends, it must not take larkd down
+        log.debug("undecodable DHCP reply ignored: %s", e)
+        return None
+    options = msg.get("options") or {}
+    if "message_type" not in options:
+        return None
+    return msg["xid"], msg["yiaddr"], options
 
 
-def lease_from(yiaddr: str, opts: dict[int, bytes], now: float) -> Lease:
-    def ip(code: int) -> str | None:
-        v = opts.get(code)
-        return socket.inet_ntoa(v[:4]) if v and len(v) >= 4 else None
+def lease_from(yiaddr: str, opts: dict, now: float) -> Lease:
+    def seconds(name: str, default: int) -> int:
+        v = opts.get(name)
+        return v if isinstance(v, int) and v > 0 else default
 
-    def u32(code: int, default: int) -> int:
-        v = opts.get(code)
-        return struct.unpack("!I", v[:4])[0] if v and len(v) >= 4 else default
-
-    mask = ip(OPT_MASK) or "255.255.255.0"
-    lease_time = u32(OPT_LEASE, 3600)
-    return Lease(address=yiaddr, prefix=ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen, router=ip(OPT_ROUTER),
-                 server=ip(OPT_SERVER) or "", lease_time=lease_time, t1=u32(OPT_T1, lease_time // 2),
-                 t2=u32(OPT_T2, lease_time * 7 // 8), obtained=now)
+    mask = opts.get("subnet_mask") or "255.255.255.0"
+    routers = opts.get("router") or []
+    lease_time = seconds("lease_time", 3600)
+    return Lease(address=yiaddr, prefix=ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen,
+                 router=routers[0] if routers else None, server=opts.get("server_id") or "", lease_time=lease_time,
+                 t1=seconds("renewal_time", lease_time // 2), t2=seconds("rebinding_time", lease_time * 7 // 8),
+                 obtained=now)
 
 
 class Client:
@@ -148,9 +135,9 @@ class Client:
                 except socket.timeout:
                     break
                 got = parse(data)
-                if not got or got[0] != xid or OPT_TYPE not in got[2]:
+                if not got or got[0] != xid:
                     continue
-                mtype = got[2][OPT_TYPE][0]
+                mtype = int(got[2]["message_type"])
                 if mtype == NAK:
                     raise LarkError("the DHCP server refused the request (NAK)", job=self.job, obj=self.ifname,
                                     fix="check the DHCP server's range and leases")
@@ -164,7 +151,7 @@ class Client:
         xid = secrets.randbits(32)
         with self._socket() as s:
             _, offered, opts = self._exchange(s, build(DISCOVER, xid, self.mac), "255.255.255.255", xid, {OFFER})
-            server = socket.inet_ntoa(opts[OPT_SERVER][:4]) if OPT_SERVER in opts else None
+            server = opts.get("server_id")
             _, yiaddr, opts = self._exchange(s, build(REQUEST, xid, self.mac, requested=offered, server=server),
                                              "255.255.255.255", xid, {ACK})
         return lease_from(yiaddr, opts, time.time())

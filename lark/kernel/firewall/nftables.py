@@ -237,20 +237,16 @@ class NftablesFirewall(Firewall):
         # link-local and unspecified sources, which neighbour discovery needs). A family it has none of is
         # dropped whole.
         cmds += self._antispoof(f"{j}_pre", plan)
-        cmds.append(self._rule(f"{j}_out", est, {"counter": c_out}, {"accept": None}))
-        if plan.outbound:
-            cmds.append(self._rule(f"{j}_out", _meta("oifname", cfg.uplink), _ct_state("new"),
-                                   {"counter": c_out}, {"accept": None}))
-        if cfg.allow_job_to_job:
-            cmds.append(self._rule(f"{j}_out", _meta("oifname", WILDCARD), {"counter": c_out}, {"accept": None}))
-        cmds.append(self._rule(f"{j}_out", {"drop": None}))
-        cmds.append(self._rule(f"{j}_in", est, {"counter": c_in}, {"accept": None}))
-        if plan.inbound:
-            cmds.append(self._rule(f"{j}_in", _meta("iifname", cfg.uplink), _ct_state("new"),
-                                   {"counter": c_in}, {"accept": None}))
-        if cfg.allow_job_to_job:
-            cmds.append(self._rule(f"{j}_in", _meta("iifname", WILDCARD), {"counter": c_in}, {"accept": None}))
-        cmds.append(self._rule(f"{j}_in", {"drop": None}))
+        # Each direction: replies pass, new connections through the uplink when allowed, counted.
+        for chain, new_allowed, dev, counter in ((f"{j}_out", plan.outbound, "oifname", c_out),
+                                                 (f"{j}_in", plan.inbound, "iifname", c_in)):
+            cmds.append(self._rule(chain, est, {"counter": counter}, {"accept": None}))
+            if new_allowed:
+                cmds.append(self._rule(chain, _meta(dev, cfg.uplink), _ct_state("new"), {"counter": counter},
+                                       {"accept": None}))
+            if cfg.allow_job_to_job:
+                cmds.append(self._rule(chain, _meta(dev, WILDCARD), {"counter": counter}, {"accept": None}))
+            cmds.append(self._rule(chain, {"drop": None}))
         for mapname, suffix in MAPS.items():
             cmds.append({"add": {"element": {**t, "name": mapname,
                                              "elem": [[names.host_if, {"goto": {"target": f"{j}_{suffix}"}}]]}}})
