@@ -50,6 +50,7 @@ demo-fake: deps
 bench: deps
 	$(VPY) -m pip install -q '.[bench]'
 	$(VPY) bench/setup_latency.py
+	$(VPY) bench/e2e_latency.py
 	$(VPY) bench/bandwidth_accuracy.py
 	$(VPY) bench/paper_fig8.py
 

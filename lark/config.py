@@ -45,6 +45,16 @@ class Config:
     callout: str = ""                   # admin callout run before the policy (docs/policy.md); "" = none
     callout_timeout: float = 5.0        # seconds the callout may take
     log_file: str = ""                  # larkd's log (an absolute path; reopened when rotated); "" = stderr
+    # Connections one party may hold open at once (issue 14 item 4): a non-root process outside any job, per
+    # uid; all such uids together; the processes of one job (under one starter). Root has its own headroom.
+    max_connections_per_uid: int = 8    # open connections of one non-root uid outside any job
+    max_connections_shared: int = 64    # open connections of all such uids together
+    max_connections_per_starter: int = 8  # open connections of the processes of one job (hooks and wrapper too)
+    check_min_interval: float = 5.0     # a starter's `check` queries the startd/schedd at most this often (s)
+    # larkd pushes each job's figures into its ad at its schedd (htcondor2, as root) this often (s) while it
+    # runs, and at its end; 0 = off. Only with ad_source = "startd" (the other source knows no schedd).
+    schedd_push_interval: float = 60.0
+    schedd_push_retry: float = 600.0    # keep retrying a job's final push this long (s)
     # [network]
     uplink: str = "eth0"                # NAT leaves here; inbound ports arrive here
     subnet: str = "10.213.0.0/16"       # NAT job addresses; .1 is the gateway on every host-side veth
@@ -129,6 +139,13 @@ class Config:
             raise bad("inbound_ports", f"{self.inbound_ports!r} is out of 1-65535", "write it as 20000-20999")
         if self.log_file and not os.path.isabs(self.log_file):
             raise bad("log_file", f"{self.log_file!r} is not an absolute path", "e.g. $(LOG)/LarkdLog")
+        for key in ("max_connections_per_uid", "max_connections_shared", "max_connections_per_starter"):
+            if not 1 <= int(getattr(self, key)) <= 1000:
+                raise bad(key, f"{getattr(self, key)!r} is out of 1-1000", "use a small number such as 8")
+        if self.schedd_push_interval < 0 or self.schedd_push_retry < 0:
+            raise bad("schedd_push_interval", "must not be negative", "use seconds, e.g. 60; 0 turns pushing off")
+        if self.check_min_interval < 0:
+            raise bad("check_min_interval", "must not be negative", "use seconds, e.g. 5")
         if self.poll_interval <= 0 or self.request_timeout <= 0:
             raise bad("poll_interval", "intervals must be positive", "use seconds, e.g. 5")
         if self.default_network_type not in ("nat", "bridge", "ovs_bridge", "none"):
@@ -297,7 +314,7 @@ def knob_lines(cfg: Config, only_changed: bool = True) -> list[str]:
 
 
 def field_docs() -> dict[str, str]:
-    """Each field's comment in the Config class (the lines above it and the one after it): the knob's doc."""
+    """Each field's comment in the Config class (the one after it, else the lines above it): the knob's doc."""
     import inspect
     docs: dict[str, str] = {}
     pending: list[str] = []
@@ -307,7 +324,9 @@ def field_docs() -> dict[str, str]:
         if comment and not re.fullmatch(r"\[\w+\]", comment.group(1)):
             pending.append(comment.group(1).strip())
         elif field_line and field_line.group(1) in _FIELDS:
-            docs[field_line.group(1)] = " ".join([*pending, field_line.group(2) or ""]).strip()
+            # A field's own trailing comment is its doc; a comment block above it documents it only when it
+            # has none (a block above several fields is their heading).
+            docs[field_line.group(1)] = (field_line.group(2) or " ".join(pending)).strip()
             pending = []
         else:
             pending = []

@@ -66,8 +66,10 @@ def probe() -> dict[str, bool]:
 
 
 def run() -> dict[str, bool]:
-    cp = subprocess.run(["unshare", "--net", sys.executable, "-m", "lark.doctor", "--probe"],
-                        capture_output=True, text=True, timeout=60)
+    # -P and cwd "/": `python -m` would otherwise put the current directory first on sys.path, and an admin
+    # running `lark doctor` (as root) from a directory holding a `lark/` package would run that code.
+    cp = subprocess.run(["unshare", "--net", sys.executable, "-P", "-m", "lark.doctor", "--probe"],
+                        capture_output=True, text=True, timeout=60, cwd="/")
     if cp.returncode != 0:
         return {name: False for name, _, _ in FEATURES}
     return json.loads(cp.stdout)

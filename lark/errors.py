@@ -25,3 +25,7 @@ class LarkError(Exception):
 
 class DaemonUnreachable(LarkError):
     """larkd could not be reached at all (no socket, refused, died mid-answer): worth a short retry."""
+
+
+class DaemonBusy(DaemonUnreachable):
+    """larkd refused the connection for now (too many open from the same party): retry after a pause."""

@@ -22,6 +22,8 @@ def parse_request(line: bytes) -> dict:
         msg = json.loads(line)
     except (ValueError, UnicodeDecodeError):
         raise LarkError("request is not JSON", obj="protocol", fix="speak lark protocol v1") from None
+    except RecursionError:  # e.g. 60,000 nested brackets in one line: an error, not a traceback in the log
+        raise LarkError("request nests too deeply", obj="protocol", fix="speak lark protocol v1") from None
     if not isinstance(msg, dict):
         raise LarkError("request is not a JSON object", obj="protocol")
     if msg.get("lark") != PROTOCOL_VERSION:
@@ -36,5 +38,5 @@ def ok(**fields) -> bytes:
     return encode({"lark": PROTOCOL_VERSION, "ok": True, **fields})
 
 
-def error(message: str) -> bytes:
-    return encode({"lark": PROTOCOL_VERSION, "ok": False, "error": message})
+def error(message: str, **fields) -> bytes:
+    return encode({"lark": PROTOCOL_VERSION, "ok": False, "error": message, **fields})

@@ -23,6 +23,7 @@ from ..kernel.attach.base import AttachMode
 from ..kernel.ipam import port_pool
 from ..names import JobNames
 from ..plan import JobNetwork, NetworkPlan
+from .pins import merge_usage
 from .records import FinishedStore, JobRecord, RecordStore
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ class JobNetworker:
         except Exception as e:
             log.error("setup of job %s on %s failed, undoing: %s", plan.job_id, plan.slot, e)
             try:
-                self.teardown(plan.key, "setup failed")
+                # Not the job's end: its starter still runs, and larkd carries these figures (pins.py).
+                self.teardown(plan.key, "setup failed", final=False)
             except Exception as undo:
                 log.error("undoing the failed setup of %s was incomplete; `lark gc` will retry: %s", plan.key, undo)
             if isinstance(e, LarkError):
@@ -84,7 +86,7 @@ class JobNetworker:
     def _build(self, net: JobNetwork, rec: JobRecord, n: JobNames) -> None:
         plan = net.plan
         path = self.netns_path(plan.key)
-        netns.attach(rec.job_pid, path)
+        netns.attach(rec.job_pid, path, expect_inode=rec.netns_inode)
         ns_fd = os.open(path, os.O_RDONLY)
         try:
             if not plan.has_network:
@@ -225,12 +227,14 @@ class JobNetworker:
             ipr = self._local.ipr = IPRoute()
         return ipr
 
-    def teardown(self, key: str, reason: str) -> dict | None:
+    def teardown(self, key: str, reason: str, carried: dict | None = None, final: bool = True) -> dict | None:
         """Remove everything a job key can own; safe to repeat and on partial state.
 
         Every step runs even when an earlier one failed (a firewall that cannot remove its rules must not leave
         the veth, the namespace and the addresses behind). The failures are collected and raised together at
         the end as one TeardownError; the record is then kept, so `lark gc` and the next start try again.
+        `carried`: what the job moved on networks it had before this one (added to the summary); `final`:
+        the job has ended, so its summary goes to the finished records (else the caller carries it).
         """
         n = self.names(key)
         errors = TeardownErrors(key)
@@ -263,7 +267,8 @@ class JobNetworker:
         errors.run(f"remove netns {n.netns}", netns.detach, self.netns_path(key))
         for pool in self.pools:
             errors.run(f"release the {pool.what}", pool.release, key)
-        if rec and summary is not None:
+        summary = merge_usage(carried, summary)
+        if rec and summary is not None and final:
             plan = rec.plan
             summary.update({"job_id": rec.job_id, "slot": rec.slot, "key": key, "ended": time.time(),
                             "started": rec.created, "network_type": plan.get("network_type"),

@@ -1,13 +1,18 @@
 """Who is asking: kernel-verified peer credentials and the process tree above them."""
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
 import socket
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..kernel import netns
 from ..errors import LarkError
+
+
+NS_GET_USERNS = 0xB701   # _IO(0xb7, 0x1): the user namespace that owns a namespace, as a new fd
+SO_PEERPIDFD = 77        # Linux >= 6.5: a pidfd for the process that connected (not in Python 3.11's socket)
 
 
 @dataclass
@@ -15,6 +20,14 @@ class Peer:
     pid: int
     uid: int
     gid: int
+    # A pidfd for the connecting process, taken by the kernel at connect time: everything read about `pid`
+    # from /proc is trusted only if this pidfd still names a live process afterwards (pid reuse).
+    pidfd: int | None = field(default=None, compare=False)
+
+    def close(self) -> None:
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
 
 
 @dataclass
@@ -29,7 +42,56 @@ class StarterInfo:
 def peer_of(sock: socket.socket) -> Peer:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(pid, uid, gid)
+    return Peer(pid, uid, gid, peer_pidfd(sock))
+
+
+def peer_pidfd(sock: socket.socket) -> int | None:
+    """SO_PEERPIDFD where the kernel has it (>= 6.5); None on older kernels (then only the bare pid is known)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD, struct.calcsize("i"))
+    except OSError:
+        return None
+    return struct.unpack("i", raw)[0]
+
+
+def pidfd_alive(pidfd: int) -> bool:
+    """Whether the process a pidfd names still runs (signal 0 through the pidfd: ESRCH once it exited,
+    whatever process now holds its pid)."""
+    try:
+        signal_pidfd(pidfd, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def signal_pidfd(pidfd: int, sig: int) -> None:
+    signal.pidfd_send_signal(pidfd, sig)
+
+
+def still_same_process(peer: Peer) -> None:
+    """Refuse if the peer exited after connecting: its pid may now be another process, so what /proc said
+    about that pid cannot be attributed to the peer."""
+    if peer.pidfd is not None and not pidfd_alive(peer.pidfd):
+        raise LarkError("requesting process exited while its request was checked", obj=f"pid {peer.pid}",
+                        fix="a job's wrapper must wait for larkd's answer")
+
+
+def own_userns_inode() -> int:
+    return os.stat("/proc/self/ns/user").st_ino
+
+
+def netns_identity(pid: int) -> tuple[int, int]:
+    """(inode of the process's network namespace, inode of the user namespace that owns it)."""
+    fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        ns_ino = os.fstat(fd).st_ino
+        user_fd = fcntl.ioctl(fd, NS_GET_USERNS, 0)
+        try:
+            return ns_ino, os.fstat(user_fd).st_ino
+        finally:
+            os.close(user_fd)
+    finally:
+        os.close(fd)
 
 
 def _stat_fields(pid: int) -> list[str]:
@@ -105,12 +167,23 @@ def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> Sta
     return None
 
 
-def authorize_job(peer: Peer, starter_paths: list[str], daemon_netns: int) -> tuple[StarterInfo, int]:
-    """Refuse anything that is not a job process in its own netns under a configured starter."""
+def authorize_job(peer: Peer, starter_paths: list[str], daemon_netns: int,
+                  daemon_userns: int | None = None) -> tuple[StarterInfo, int]:
+    """Refuse anything that is not a job process in its own netns under a configured starter.
+
+    The netns must be owned by larkd's own (the initial) user namespace: that is the one the starter made. A
+    netns owned by another user namespace was made by the job (`unshare -Urn`), which then holds CAP_NET_ADMIN
+    over it and could delete the limits and filters larkd puts inside.
+    """
     try:
-        job_ns = netns.netns_inode_of_pid(peer.pid)
-    except FileNotFoundError:
+        job_ns, owner = netns_identity(peer.pid)
+    except (FileNotFoundError, ProcessLookupError):
         raise LarkError("requesting process vanished", obj=f"pid {peer.pid}") from None
+    if owner != (own_userns_inode() if daemon_userns is None else daemon_userns):
+        raise LarkError("the request comes from a network namespace owned by a user namespace the job made "
+                        "(e.g. unshare -Urn); the job would hold CAP_NET_ADMIN over its own limits",
+                        obj=f"pid {peer.pid} uid {peer.uid} netns {job_ns}",
+                        fix="run the job in the network namespace its starter gave it")
     if job_ns == daemon_netns:
         raise LarkError("request comes from the host's network namespace, not from a job's",
                         obj=f"pid {peer.pid} uid {peer.uid}",
@@ -119,4 +192,5 @@ def authorize_job(peer: Peer, starter_paths: list[str], daemon_netns: int) -> tu
     if starter is None:
         raise LarkError("requesting process does not descend from a configured starter",
                         obj=f"pid {peer.pid} uid {peer.uid}", fix="check LARK_STARTER_PATHS")
+    still_same_process(peer)  # after every /proc read about peer.pid: they were about the peer
     return starter, job_ns

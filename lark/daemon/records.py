@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from ..statefiles import atomic_write
+from ..statefiles import atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,7 @@ _RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 
 class RecordStore:
     def __init__(self, directory: str):
-        self.dir = directory
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self.dir = private_dir(directory)
 
     def path(self, key: str) -> str:
         return os.path.join(self.dir, f"{key}.json")
@@ -49,14 +48,13 @@ class RecordStore:
 
     def load(self, key: str) -> JobRecord | None:
         try:
-            with open(self.path(key)) as f:
-                data = json.load(f)
+            data = json.loads(read_own(self.path(key)))
             # Fields a former version wrote and this one no longer has (steps, error, counters) are dropped,
             # so an upgrade adopts running jobs instead of treating their records as unreadable.
             return JobRecord(**{k: v for k, v in data.items() if k in _RECORD_FIELDS})
         except FileNotFoundError:
             return None
-        except (ValueError, TypeError, AttributeError) as e:
+        except (ValueError, TypeError, AttributeError, OSError) as e:
             log.error("record %s is unreadable (%s); it will be treated as an orphan", self.path(key), e)
             return None
 
@@ -83,7 +81,8 @@ class FinishedStore:
     def __init__(self, directory: str, keep: int = 10000):
         self.dir = directory
         self.keep = keep
-        os.makedirs(self.dir, mode=0o755, exist_ok=True)
+        # Who moved how much, when, from which address: for root (`lark report`) only.
+        private_dir(self.dir)
 
     def save(self, key: str, summary: dict) -> str:
         name = f"{int(summary.get('ended', time.time()) * 1000)}-{key}.json"
@@ -104,8 +103,7 @@ class FinishedStore:
         for n in sorted(os.listdir(self.dir)):
             if n.endswith(".json"):
                 try:
-                    with open(os.path.join(self.dir, n)) as f:
-                        out.append(json.load(f))
+                    out.append(json.loads(read_own(os.path.join(self.dir, n))))
                 except (OSError, ValueError):
                     continue
         return out
@@ -115,7 +113,6 @@ class FinishedStore:
         if not names:
             return None
         try:
-            with open(os.path.join(self.dir, names[-1])) as f:
-                return json.load(f)
+            return json.loads(read_own(os.path.join(self.dir, names[-1])))
         except (OSError, ValueError):
             return None

@@ -23,12 +23,15 @@ from .jobnet import JobNetworker
 from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.engine import decide
+from .adpush import AdPusher
+from .admission import Admission, LogLimit, RateLimit
+from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, RecordStore
 from .reload import reload
 from .sweep import sweep
 
 log = logging.getLogger("larkd")
-MAX_CONNECTIONS = 256
+LISTEN_BACKLOG = 1024
 CHECK_REUSE_SECONDS = 120.0  # PREPARE_JOB runs seconds before the wrapper; longer means something else
 
 
@@ -43,6 +46,8 @@ class Larkd:
         self.net = JobNetworker(cfg, self.fw, self.records, self.acct, self.finished)
         self.ads = make_ad_source(cfg)
         self.netns_inode = netns.own_netns_inode()
+        self.userns_inode = peercred.own_userns_inode()
+        self.pins = PinStore(os.path.join(cfg.run_dir, "pins"))
         self.pool = concurrent.futures.ThreadPoolExecutor(cfg.setup_workers, thread_name_prefix="lark-setup")
         self.active: set[str] = set()          # keys with a live job or a setup in flight
         self.slot_locks: dict[str, asyncio.Lock] = {}
@@ -50,6 +55,14 @@ class Larkd:
         self.checked: dict[str, tuple] = {}    # key -> (starter pid, start, when, plan) from PREPARE_JOB's check
         self.connections = 0
         self.tasks: set[asyncio.Task] = set()  # background releases: referenced until done, errors logged
+        self.admission = Admission(cfg.max_connections_per_uid, cfg.max_connections_per_starter,
+                                   cfg.max_connections_shared)
+        self.check_limit = RateLimit(cfg.check_min_interval)  # each check queries the startd and the schedd
+        self.pusher = (AdPusher(cfg.schedd_push_retry)
+                       if cfg.ad_source == "startd" and cfg.schedd_push_interval > 0 else None)
+        self.pushed_at: dict[str, float] = {}   # key -> monotonic time of its last push (none yet: due now)
+        self.log_limit = LogLimit()
+        self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -68,40 +81,58 @@ class Larkd:
                     f.write("1")
         self.fw.ensure_base()
 
-    def reconcile(self) -> list[tuple[str, int]]:
+    def reconcile(self) -> list[tuple[str, int, int]]:
         """Adopt records whose starter still runs; tear down the rest and anything without a record.
 
         Runs in a worker thread (pyroute2's sync API cannot run inside the event loop); returns the
-        (key, starter pid) pairs the loop must watch.
+        (key, starter pid, starter start time) triples the loop must watch.
         """
         adopted = []
         for rec in self.records.all():
             if rec.phase == "ready" and peercred.alive(rec.starter_pid, rec.starter_start):
                 self.active.add(rec.key)
                 self.acct.start(rec.key, rec.created)
-                adopted.append((rec.key, rec.starter_pid))
+                adopted.append((rec.key, rec.starter_pid, rec.starter_start))
                 log.info("adopted running job %s on %s", rec.job_id, rec.slot)
+        for pin in self.pins.all():
+            if pin.key in self.active:
+                continue
+            if peercred.alive(pin.starter_pid, pin.starter_start):
+                # The job's network was released (or its setup failed) but it still runs: keep it pinned and
+                # watch its starter, so the pin goes when the job ends.
+                adopted.append((pin.key, pin.starter_pid, pin.starter_start))
+            else:
+                # Its job ended while larkd was down: the final figures include what it moved before.
+                summary = self.net.teardown(pin.key, "orphaned", carried=pin.carried)
+                self._push_final(pin, summary)
+                self.pins.drop(pin.key)
         actions = sweep(self.net, set(self.active))
         for a in actions:
             log.warning("reconcile removed %s", a)
         return adopted
 
-    def watch(self, key: str, pid: int) -> None:
+    def watch(self, key: str, pid: int, start: int) -> None:
         assert self.loop is not None
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
-            self.loop.call_soon(self._starter_exited, key, None)
+            self.loop.call_soon(self._starter_exited, key, None, (pid, start))
+            return
+        if not peercred.alive(pid, start):
+            # The starter ended before the pidfd was opened and its pid was reused: this pidfd is not it.
+            os.close(fd)
+            self.loop.call_soon(self._starter_exited, key, None, (pid, start))
             return
         self.watches[key] = fd
-        self.loop.add_reader(fd, self._starter_exited, key, fd)
+        self.loop.add_reader(fd, self._starter_exited, key, fd, (pid, start))
 
-    def _starter_exited(self, key: str, fd: int | None) -> None:
+    def _starter_exited(self, key: str, fd: int | None, starter: tuple[int, int] | None = None) -> None:
         if fd is not None:
             self.loop.remove_reader(fd)
             os.close(fd)
-            self.watches.pop(key, None)
-        self.spawn(self.release(key, "starter exited"), f"release of {key}")
+            if self.watches.get(key) == fd:
+                self.watches.pop(key, None)
+        self.spawn(self.release(key, "starter exited", final=True, starter=starter), f"release of {key}")
 
     def spawn(self, coro, what: str) -> asyncio.Task:
         """A background task that is kept referenced until it ends (the loop holds only weak references) and
@@ -116,16 +147,68 @@ class Larkd:
         task.add_done_callback(done)
         return task
 
-    async def release(self, key: str, reason: str) -> dict | None:
+    async def release(self, key: str, reason: str, final: bool = True,
+                      starter: tuple[int, int] | None = None) -> dict | None:
+        """Tear down a job's network. `final`: the job ended (its figures become a finished record and its
+        pin goes); else its starter still runs, so it stays pinned and watched and its figures are carried.
+        `starter`: act only if the slot still belongs to this starter (its exit may be noticed after the
+        slot's next job was networked)."""
         async with self._lock(key):
-            fd = self.watches.pop(key, None)
-            if fd is not None:
-                self.loop.remove_reader(fd)
-                os.close(fd)
+            pin = self._pin(key)
+            if starter is not None and pin is not None and not pin.same_starter(*starter):
+                return None
+            if final:
+                fd = self.watches.pop(key, None)
+                if fd is not None:
+                    self.loop.remove_reader(fd)
+                    os.close(fd)
+            had_network = self.records.load(key) is not None
             try:
-                return await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason)
+                summary = await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason,
+                                                          pin.carried if pin else None, final)
             finally:
                 self.active.discard(key)
+            if pin is not None:
+                if final:
+                    if not had_network and pin.carried and pin.job_id:
+                        # Its network was released earlier and not set up again: the carried figures are
+                        # all it moved, and still its one finished record.
+                        summary = dict(pin.carried, job_id=pin.job_id, key=key, ended=time.time(),
+                                       started=pin.first_setup, reason=reason)
+                        self.finished.save(key, summary)
+                    await self.loop.run_in_executor(self.pool, self._push_final, pin, summary)
+                    self.pins.drop(key)
+                elif summary is not None:
+                    pin.carried = summary
+                    self.pins.save(pin)
+            return summary
+
+    def _push_final(self, pin: Pin, summary: dict | None) -> None:
+        if self.pusher is not None and summary is not None and pin.global_job_id:
+            self.pusher.push_final(pin.key, pin.global_job_id, pin.job_id, summary)
+
+    def push_running(self) -> None:
+        """Running jobs' figures into their ads at their schedds (worker thread): a job's first push comes with
+        the first poll after its setup (so even a short job whose end larkd misses has figures in its history),
+        then one every schedd_push_interval. Then the due retries of final pushes."""
+        now = time.monotonic()
+        for key in sorted(self.active):
+            if now - self.pushed_at.get(key, -1e18) < self.cfg.schedd_push_interval:
+                continue
+            pin = self._pin(key)
+            if pin is not None and pin.global_job_id:
+                self.pushed_at[key] = now
+                self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key))
+        for key in set(self.pushed_at) - self.active:
+            self.pushed_at.pop(key, None)
+        self.pusher.retry_pending()
+
+    def _pin(self, key: str) -> Pin | None:
+        try:
+            return self.pins.load(key)
+        except LarkError as e:
+            log.error("%s", e)
+            return None
 
     def _lock(self, key: str) -> asyncio.Lock:
         return self.slot_locks.setdefault(key, asyncio.Lock())
@@ -141,16 +224,27 @@ class Larkd:
                 await self.loop.run_in_executor(self.pool, self.net.renew_leases, set(self.active))
             except Exception as e:
                 log.error("DHCP renewal pass failed: %s", e)
+            if self.pusher is not None:
+                try:
+                    await self.loop.run_in_executor(self.pool, self.push_running)
+                except Exception as e:
+                    log.error("pushing figures to the schedd failed: %s", e)
 
     # -- requests -------------------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        opened: list[peercred.Peer] = []
+        admitted: list[str] = []
         try:
-            if self.connections > MAX_CONNECTIONS:
-                writer.write(protocol.error("larkd is busy: too many open connections; retry"))
-                return
             sock = writer.get_extra_info("socket")
             who = peercred.peer_of(sock)
+            opened.append(who)
+            bucket = self.admission.bucket(who.uid, self._starter_pid(who))
+            if not self.admission.admit(bucket):
+                writer.write(protocol.error(f"larkd is busy: too many open connections from {bucket}; retry",
+                                            busy=True))
+                return
+            admitted.append(bucket)
             try:
                 line = await asyncio.wait_for(reader.readline(), self.cfg.request_timeout)
             except asyncio.TimeoutError:
@@ -166,21 +260,45 @@ class Larkd:
                 msg = protocol.parse_request(line)
                 answer = await self.dispatch(msg, who)
             except LarkError as e:
-                log.warning("refused %s from pid %d uid %d: %s", line[:40], who.pid, who.uid, e)
+                self._log_refusal(who, "refused %s from pid %d uid %d: %s", line[:40], who.pid, who.uid, e)
                 answer = protocol.error(str(e))
             except Exception as e:
-                log.exception("request from pid %d failed", who.pid)
+                if self.log_limit.allow(who.uid)[0]:  # a bug's traceback, but not one per request of a loop
+                    log.exception("request from pid %d uid %d failed", who.pid, who.uid)
                 answer = protocol.error(f"internal error in larkd: {e}")
             writer.write(answer)
         except (ConnectionError, OSError):
             pass
         finally:
             self.connections -= 1
+            for peer in opened:
+                peer.close()
+            for bucket in admitted:
+                self.admission.release(bucket)
             try:
                 await asyncio.wait_for(writer.drain(), 2)
                 writer.close()
             except (ConnectionError, OSError, asyncio.TimeoutError):
                 writer.transport.abort()
+
+    def _log_refusal(self, who: peercred.Peer, fmt: str, *args) -> bool:
+        """A warning about a request, unless this uid already had its share of the log this minute."""
+        ok, suppressed = self.log_limit.allow(who.uid)
+        if ok:
+            if suppressed:
+                fmt += f" ({suppressed} more from uid {who.uid} not logged)"
+            log.warning(fmt, *args)
+        return ok
+
+    def _starter_pid(self, who: peercred.Peer) -> int | None:
+        """The starter a connecting process descends from (its connection bucket), if any."""
+        if who.uid == 0:
+            return None
+        try:
+            starter = peercred.find_starter(who.pid, self.cfg.starter_paths)
+        except (LarkError, OSError, ValueError):
+            return None
+        return starter.pid if starter else None
 
     async def dispatch(self, msg: dict, who: peercred.Peer) -> bytes:
         op = msg["op"]
@@ -190,7 +308,19 @@ class Larkd:
             return await self.op_setup(who)
         if op == "check":
             return await self.op_check(who)
-        if op in ("stats", "release"):
+        if op == "release":
+            # A job that could release its network could ask again from a namespace it made, or restart its
+            # counters; its network lasts as long as its starter. Root (and the root starter) only.
+            if who.uid != 0:
+                raise LarkError("release is for root only: a job's network lasts until its starter exits",
+                                obj=f"pid {who.pid} uid {who.uid}",
+                                fix="end the job; larkd tears its network down when the starter exits")
+            key = job_key(str(msg.get("slot", "")))
+            pin = self._pin(key)
+            running = pin is not None and peercred.alive(pin.starter_pid, pin.starter_start)
+            summary = await self.release(key, "released on request", final=not running)
+            return protocol.ok(summary=summary)
+        if op == "stats":
             starter = peercred.find_starter(who.pid, self.cfg.starter_paths)
             if starter is None and who.uid != 0:
                 raise LarkError("only processes of a job (or root) may ask about a job",
@@ -199,9 +329,6 @@ class Larkd:
                 key = job_key(starter.slot)
             else:
                 key = job_key(str(msg.get("slot", "")))
-            if op == "release":
-                summary = await self.release(key, "released on request")
-                return protocol.ok(summary=summary)
             if msg.get("fresh") and key in self.active:
                 await self.loop.run_in_executor(self.pool, self.acct.poll)
             return protocol.ok(**self.stats(key))
@@ -217,17 +344,23 @@ class Larkd:
 
     def stats(self, key: str) -> dict:
         rec = self.records.load(key)
+        pin = self._pin(key)
+        carried = pin.carried if pin else None
         if rec is None:
+            if carried:  # released while its job still runs: what it moved so far
+                return {"key": key, "active": False, "usage": carried}
             last = self.finished.latest_for_key(key)
             return {"key": key, "active": False, "finished": last}
         return {"key": key, "active": True, "slot": rec.slot, "job_id": rec.job_id, "phase": rec.phase,
                 "netns": rec.netns, "host_if": rec.host_if, "plan": rec.plan,
-                "usage": self.acct.summary(key), "created": rec.created}
+                "usage": merge_usage(carried, self.acct.summary(key)), "created": rec.created}
 
     async def op_setup(self, who: peercred.Peer) -> bytes:
-        starter, job_ns = peercred.authorize_job(who, self.cfg.starter_paths, self.netns_inode)
+        starter, job_ns = peercred.authorize_job(who, self.cfg.starter_paths, self.netns_inode, self.userns_inode)
         key = job_key(starter.slot)
         async with self._lock(key):
+            old_pin = self._pin(key)
+            self.pin(starter, key, job_ns)
             rec = self.records.load(key)
             if rec is not None:
                 same_starter = rec.starter_pid == starter.pid and rec.starter_start == starter.start
@@ -237,10 +370,15 @@ class Larkd:
                     raise LarkError("this slot's job already has a network in another namespace",
                                     job=rec.job_id, obj=f"slot {starter.slot}",
                                     fix="a job gets one network; do not create new network namespaces")
-                await self.loop.run_in_executor(self.pool, self.net.teardown, key, "replaced by a new job")
+                carried = old_pin.carried if old_pin and not old_pin.same_starter(starter.pid, starter.start) else None
+                await self.loop.run_in_executor(self.pool, self.net.teardown, key, "replaced by a new job", carried)
             plan = self.checked_plan(starter, key)
             if plan is None:
                 plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+            pin = self.pin(starter, key, job_ns)
+            pin.job_id = plan.job_id
+            pin.global_job_id = self.global_ids.pop((starter.pid, starter.start), pin.global_job_id)
+            self.pins.save(pin)
             self.active.add(key)
             try:
                 t0 = time.perf_counter()
@@ -249,10 +387,31 @@ class Larkd:
             except Exception:
                 self.active.discard(key)
                 raise
-            self.watch(key, starter.pid)
+            if key not in self.watches:
+                self.watch(key, starter.pid, starter.start)
             log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, rec.plan["network_type"],
                      rec.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
             return protocol.ok(plan=rec.plan, env=env_for(rec.plan))
+
+    def pin(self, starter: peercred.StarterInfo, key: str, job_ns: int) -> Pin:
+        """The namespace this starter's job was first networked in; refuse any other, even after a release."""
+        pin = self.pins.load(key)
+        if pin is not None and pin.same_starter(starter.pid, starter.start):
+            if pin.netns_inode != job_ns:
+                raise LarkError("this job was already networked in another network namespace; a job gets one "
+                                "network, in the namespace its starter made", obj=f"slot {starter.slot} "
+                                f"(namespace {job_ns}, pinned {pin.netns_inode})",
+                                fix="do not create network namespaces in a job")
+            return pin
+        if pin is not None:
+            # The slot's previous job ended (another starter now): its pin is stale.
+            fd = self.watches.pop(key, None)
+            if fd is not None:
+                self.loop.remove_reader(fd)
+                os.close(fd)
+        pin = Pin(key=key, starter_pid=starter.pid, starter_start=starter.start, netns_inode=job_ns)
+        self.pins.save(pin)
+        return pin
 
     async def op_check(self, who: peercred.Peer) -> bytes:
         """Decide the plan without building anything: the PREPARE_JOB hook's pre-flight, run before the job
@@ -262,11 +421,22 @@ class Larkd:
             raise LarkError("only a job's starter hooks may ask for a pre-flight check",
                             obj=f"pid {who.pid} uid {who.uid}")
         key = job_key(starter.slot)
-        plan = await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
+        # A job can ask for checks too (it descends from the starter): at most one query of the startd and
+        # the schedd per starter every check_min_interval; repeats get the same answer.
+        ident = f"{starter.pid}:{starter.start}"
+        decided = self.check_limit.recent(ident)
+        if decided is None:
+            try:
+                decided = (await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)).to_dict()
+            except LarkError as e:
+                decided = e
+            self.check_limit.remember(ident, decided)
+        if isinstance(decided, LarkError):
+            raise decided
         # The setup that follows for this same starter reuses the decision instead of asking the startd and
         # the schedd again: those queries are the slowest part of a setup.
-        self.checked[key] = (starter.pid, starter.start, time.monotonic(), plan.to_dict())
-        return protocol.ok(plan=plan.to_dict())
+        self.checked[key] = (starter.pid, starter.start, time.monotonic(), decided)
+        return protocol.ok(plan=decided)
 
     def checked_plan(self, starter: peercred.StarterInfo, key: str) -> NetworkPlan | None:
         """The pre-flight decision for this very starter (pid and start time), if recent; used once."""
@@ -280,6 +450,11 @@ class Larkd:
 
     def plan_for(self, starter: peercred.StarterInfo, key: str):
         job_ad, machine_ad = self.ads.ads(starter)
+        gid = job_ad.get("GlobalJobId")
+        if isinstance(gid, str):
+            if len(self.global_ids) > 4096:  # checks whose setup never came; starters are few at a time
+                self.global_ids.clear()
+            self.global_ids[(starter.pid, starter.start)] = gid
         return decide(job_ad, machine_ad, self.cfg, starter.slot, key)
 
     def reload_config(self) -> None:
@@ -293,13 +468,15 @@ class Larkd:
     # -- main -----------------------------------------------------------------------------------------
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
-        for key, pid in await self.loop.run_in_executor(self.pool, self.reconcile):
-            self.watch(key, pid)
+        for key, pid, start in await self.loop.run_in_executor(self.pool, self.reconcile):
+            self.watch(key, pid, start)
         path = self.cfg.socket
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         if os.path.exists(path):
             os.unlink(path)
-        server = await asyncio.start_unix_server(self.handle, path=path, limit=self.cfg.max_request_bytes)
+        # A deep backlog: clients wait in it (blocking connect) while a flood is being turned away.
+        server = await asyncio.start_unix_server(self.handle, path=path, limit=self.cfg.max_request_bytes,
+                                                 backlog=LISTEN_BACKLOG)
         # Any job user must be able to connect; every request is authorised from SO_PEERCRED instead.
         os.chmod(path, 0o666)
         stop = asyncio.Event()

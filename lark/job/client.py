@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
+import struct
 import time
 
 from .. import protocol
-from ..errors import DaemonUnreachable, LarkError
+from ..errors import DaemonBusy, DaemonUnreachable, LarkError
 
 DEFAULT_SOCKET = "/run/lark/lark.sock"
 START_LARKD = "start larkd: condor_on -daemon LARKD, or systemctl start larkd"
@@ -30,10 +32,13 @@ def socket_path(explicit: str | None = None) -> str:
 def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -> dict:
     path = socket_path(path)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
+    # A blocking connect waits in the kernel's queue while larkd's listen backlog is full (a non-blocking one,
+    # which settimeout would make, fails at once with EAGAIN); SO_SNDTIMEO bounds that wait.
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(timeout), int(timeout % 1 * 1e6)))
     try:
         try:
             s.connect(path)
+            s.settimeout(timeout)
         except FileNotFoundError:
             raise DaemonUnreachable("larkd is not running (no socket)", obj=path,
                             fix=START_LARKD) from None
@@ -41,6 +46,8 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
             raise DaemonUnreachable("larkd is not running (connection refused)", obj=path, fix=START_LARKD) from None
         except PermissionError:
             raise LarkError("permission denied on the larkd socket", obj=path) from None
+        except BlockingIOError:
+            raise DaemonBusy("larkd's connection queue stayed full", obj=path, fix="retry in a moment") from None
         s.sendall(protocol.request(op, **fields))
         buf = b""
         while not buf.endswith(b"\n"):
@@ -62,19 +69,23 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
     except ValueError:
         raise LarkError("larkd sent an unreadable answer", obj=path) from None
     if not answer.get("ok"):
+        if answer.get("busy"):
+            raise DaemonBusy(answer.get("error", "busy"), obj="larkd", fix="retry in a moment")
         raise LarkError(answer.get("error", "unknown error"), obj="larkd")
     return answer
 
 
 def call_patiently(op: str, *, wait: float, timeout: float = 30.0, **fields) -> dict:
-    """`call`, retrying for up to `wait` seconds while larkd is unreachable (condor_master restarts it)."""
+    """`call`, retrying for up to `wait` seconds while larkd is unreachable (condor_master restarts it) or busy
+    (another party holds many connections). Pauses double, with jitter so that waiting clients spread out."""
     deadline = time.monotonic() + wait
     delay = 0.2
     while True:
         try:
             return call(op, timeout=timeout, **fields)
         except DaemonUnreachable:
-            if time.monotonic() + delay > deadline:
+            pause = delay * random.uniform(0.5, 1.5)
+            if time.monotonic() + pause > deadline:
                 raise
-            time.sleep(delay)
+            time.sleep(pause)
             delay = min(delay * 2, 2.0)

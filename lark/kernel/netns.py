@@ -50,16 +50,24 @@ def ensure_netns_dir(path: str) -> None:
     _check(_libc.mount(b"none", p, None, MS_SHARED | MS_REC, None), f"make {path} shared")
 
 
-def attach(pid: int, path: str) -> None:
-    """Name the netns of `pid` by bind-mounting it at `path` (what `ip netns attach` does)."""
+def attach(pid: int, path: str, expect_inode: int | None = None) -> None:
+    """Name the netns of `pid` by bind-mounting it at `path` (what `ip netns attach` does).
+
+    `expect_inode`: the namespace that was authorised. A pid is only a name: if the job exited after its request
+    was checked, the pid may now be another process in another namespace, so the named one is checked after the
+    mount (the mount pins it) and never kept when it differs."""
     if is_mounted_netns(path):
-        if os.stat(path).st_ino == netns_inode_of_pid(pid):
+        if os.stat(path).st_ino == netns_inode_of_pid(pid) and expect_inode in (None, os.stat(path).st_ino):
             return
         raise OSError(errno.EEXIST, f"{path} already names another namespace")
     fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o444)
     os.close(fd)
     _check(_libc.mount(f"/proc/{pid}/ns/net".encode(), path.encode(), b"none", MS_BIND, None),
            f"bind-mount netns of pid {pid} at {path}")
+    if expect_inode is not None and os.stat(path).st_ino != expect_inode:
+        detach(path)
+        raise OSError(errno.ESRCH, f"pid {pid} is no longer in the network namespace that was authorised "
+                                   "(the job's wrapper must wait for larkd's answer)")
 
 
 def is_mounted_netns(path: str) -> bool:

@@ -14,7 +14,7 @@ MAX_OUTPUT = 1 << 16
 
 def run_callout(path: str, job: classad2.ClassAd, machine: classad2.ClassAd, timeout: float,
                 job_id: str = "?") -> classad2.ClassAd:
-    stdin = job.printOld() + f"\n{SEPARATOR}\n" + machine.printOld()
+    stdin = old_ad_text(job, job_id) + f"{SEPARATOR}\n" + old_ad_text(machine, job_id)
     what = f"callout {path}"
     try:
         cp = subprocess.run([path], input=stdin, capture_output=True, text=True, timeout=timeout)
@@ -33,6 +33,20 @@ def run_callout(path: str, job: classad2.ClassAd, machine: classad2.ClassAd, tim
         return parse_ad(cp.stdout, f"output of {what}")
     except LarkError as e:
         raise LarkError(e.what, job=job_id, obj=f"output of {what}", fix="print `Name = value` lines") from None
+
+
+def old_ad_text(ad: classad2.ClassAd, job_id: str = "?") -> str:
+    """One `Name = expression` line per attribute. Not printOld(): it writes string values with their newlines
+    raw, so a job attribute holding "\n------\nVLAN = 7" would forge the separator and machine attributes.
+    Unparsed expressions escape them (\\n)."""
+    lines = []
+    for name in ad.keys():
+        line = f"{name} = {ad.lookup(name)}"
+        if "\n" in line or "\r" in line:
+            raise LarkError("an attribute does not fit on one line", job=job_id, obj=f"attribute {name[:40]}",
+                            fix="remove line breaks from the attribute")
+        lines.append(line + "\n")
+    return "".join(lines)
 
 
 def apply_overrides(machine: classad2.ClassAd, overrides: classad2.ClassAd) -> classad2.ClassAd:

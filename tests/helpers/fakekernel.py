@@ -99,7 +99,7 @@ class FakeMode(NatMode):
 
 
 def _fake_netns(k: FakeKernel) -> SimpleNamespace:
-    def attach(pid: int, path: str) -> None:
+    def attach(pid: int, path: str, expect_inode: int | None = None) -> None:
         k.step("netns.attach")
         open(path, "w").close()  # jobnet opens the name; a plain file serves for the fake
         k.objects.add(("netns", os.path.basename(path)))

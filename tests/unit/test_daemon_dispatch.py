@@ -8,7 +8,7 @@ import pytest
 
 from helpers.fakekernel import fake_networker
 from lark.daemon import server as server_mod
-from lark.daemon.peercred import Peer, StarterInfo
+from lark.daemon.peercred import Peer, StarterInfo, start_time
 from lark.errors import LarkError
 from lark.plan import NetworkPlan
 
@@ -19,8 +19,8 @@ def _daemon(tmp_path, monkeypatch):
     net, k = fake_networker(str(tmp_path), monkeypatch, ad_source="files", ad_dir=str(tmp_path / "ads"))
     d = server_mod.Larkd(net.cfg)
     d.fw, d.net, d.records, d.acct, d.finished = net.fw, net, net.records, net.acct, net.finished
-    starter = StarterInfo(pid=ME, start=1, slot="slot1", exe="/usr/sbin/condor_starter", argv=[])
-    monkeypatch.setattr(server_mod.peercred, "authorize_job", lambda who, paths, inode: (starter, 4242))
+    starter = StarterInfo(pid=ME, start=start_time(ME), slot="slot1", exe="/usr/sbin/condor_starter", argv=[])
+    monkeypatch.setattr(server_mod.peercred, "authorize_job", lambda who, paths, *inodes: (starter, 4242))
     monkeypatch.setattr(server_mod.peercred, "find_starter", lambda pid, paths: starter if pid == ME else None)
     monkeypatch.setattr(d, "plan_for", lambda st, key: NetworkPlan(job_id="3.0", slot=st.slot, key=key))
     return d, k
@@ -48,13 +48,15 @@ def test_setup_then_release_through_dispatch(tmp_path, monkeypatch):
             d.loop.remove_reader(fd)
             os.close(fd)
         d.watches.clear()
-        r = _answer(await d.dispatch({"op": "release"}, job))
+        r = _answer(await d.dispatch({"op": "release", "slot": "slot1"}, Peer(pid=ME, uid=0, gid=0)))
         return a, again, r
 
     a, again, r = _run(d, flow)
     assert a["ok"] and a["plan"]["ipv4"] == "10.77.0.2" and a["env"]["LARK_IPV4_ADDRESS"] == "10.77.0.2"
     assert again["reused"] is True and again["plan"] == a["plan"]
-    assert r["ok"] and r["summary"]["job_id"] == "3.0" and r["summary"]["reason"] == "released on request"
+    # Its starter still runs: the figures are carried for the job's one final record, not written as finished.
+    assert r["ok"] and r["summary"] is not None and d.pins.load("slot1").carried == r["summary"]
+    assert d.finished.latest_for_key("slot1") is None
     assert k.objects == set() and d.active == set()
 
 
@@ -63,8 +65,8 @@ def test_root_only_operations_are_refused_to_jobs(tmp_path, monkeypatch):
     stranger = Peer(pid=1, uid=1000, gid=1000)
     with pytest.raises(LarkError, match="operation status is for root only"):
         _run(d, lambda: d.dispatch({"op": "status"}, Peer(pid=ME, uid=1000, gid=1000)))
-    with pytest.raises(LarkError, match="only processes of a job"):
-        _run(d, lambda: d.dispatch({"op": "release"}, stranger))
+    with pytest.raises(LarkError, match="release is for root only"):
+        _run(d, lambda: d.dispatch({"op": "release", "slot": "slot1"}, stranger))
 
 
 def test_failed_setup_leaves_the_slot_inactive(tmp_path, monkeypatch):

@@ -1,0 +1,239 @@
+"""What a job waits for, end to end: from `lark-job-wrapper` being exec'd to the job's program running in its
+networked namespace, through the real socket and a real larkd on the fake execution point; and the same for
+the CNI chain a container runtime would run (bridge + host-local + bandwidth + firewall, Debian's
+containernetworking-plugins), measured side by side in one run. Sequential, then 16, 64 and 128 at once.
+
+Lark path: the test starter (tests/helpers/test_starter.c) clones each job into an empty netns and execs
+`stamp lark-job-wrapper stamp`: the first stamp marks the wrapper's exec, the second the job's program running
+(NAT, static address, limits both ways from the slot's Bandwidth, counters). Teardown: what the starter waits
+for (nothing: larkd tears down after the starter exits) and the time until the job's netns and veth are gone.
+CNI path: a runtime-like driver takes a timestamp, runs ADD for the chain (each plugin with the previous result),
+then execs `stamp` in the container's netns; DEL runs synchronously (a runtime waits for it).
+
+Prints a table, then one line:
+e2e_p50_ms=<x> e2e_p99_ms=<y> cni_p50_ms=<z> speedup=<z/x> c64_p99_ms=<w> c64_failures=<n> setups_per_s=<r>
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO))
+
+N_SEQ = int(os.environ.get("BENCH_N", "50"))
+CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "16,64,128").split(",") if c]
+CNI_PATH = "/usr/lib/cni"
+LIMIT_MBIT = 100
+
+
+def pct(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+def build_stamp(dest: Path) -> Path:
+    out = dest / "stamp"
+    subprocess.run(["gcc", "-O2", "-Wall", "-o", str(out), str(HERE / "stamp.c")], check=True)
+    out.chmod(0o755)
+    return out
+
+
+def stamps(stdout: str) -> list[int]:
+    return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("stamp ")]
+
+
+# -- Lark: the real wrapper, socket and larkd on the fake execution point ----------------------------------
+def lark_batch(host, stamp: Path, n: int, first: int) -> tuple[list[float], list[float], int, float]:
+    """n jobs started at once; (setup latencies ms, gone-after-exit ms, failures, setups per second)."""
+    from helpers.fakehost import JOB_PY
+    slots = [f"b{first + i}" for i in range(n)]
+    for i, slot in enumerate(slots):
+        host.publish_ad(slot, f"ClusterId = {first + i}\nProcId = 0", f"Bandwidth = {LIMIT_MBIT}")
+    env = ["env", f"LARK_SOCKET={host.cfg.socket}", f"PYTHONPATH={REPO}"]
+    t_start = time.time_ns()
+    procs = [subprocess.Popen(host.in_host([host.starter, "-a", slot, "-u", "65534", "--", *env, str(stamp),
+                                            JOB_PY, "-m", "lark.job.wrapper", str(stamp)]),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for slot in slots]
+    latencies, failures, ran_at, exited = [], 0, [], {}
+    for slot, p in zip(slots, procs):
+        out, err = p.communicate(timeout=300)
+        exited[slot] = time.perf_counter()
+        st = stamps(out)
+        if p.returncode != 0 or len(st) != 2:
+            failures += 1
+            sys.stderr.write(f"job on {slot} failed ({p.returncode}): {err.strip()[-300:]}\n")
+            continue
+        latencies.append((st[1] - st[0]) / 1e6)
+        ran_at.append(st[1])
+    rate = len(ran_at) / ((max(ran_at) - t_start) / 1e9) if ran_at else 0.0
+    gone = wait_gone(host, slots, exited)
+    return latencies, gone, failures, rate
+
+
+def wait_gone(host, slots: list[str], exited: dict[str, float], timeout: float = 60) -> list[float]:
+    """Per job: ms from its starter's exit until its netns name and host veth are gone from the kernel."""
+    pending, gone = set(slots), {}
+    deadline = time.perf_counter() + timeout
+    while pending and time.perf_counter() < deadline:
+        names = set(os.listdir("/run/netns"))
+        links = subprocess.run(["ip", "-n", host.host_ns, "-o", "link", "show"], capture_output=True,
+                               text=True).stdout
+        now = time.perf_counter()
+        for slot in list(pending):
+            if f"{host.cfg.netns_prefix}{slot}" not in names and f"lk-{slot}:" not in links and \
+                    f"lk-{slot}@" not in links:
+                gone[slot] = (now - exited[slot]) * 1000
+                pending.discard(slot)
+        time.sleep(0.002)
+    return [gone[s] for s in slots if s in gone]
+
+
+# -- CNI: a runtime-like driver running the plugin chain -----------------------------------------------------
+def cni_conf(tmp: str) -> list[dict]:
+    return [
+        {"type": "bridge", "bridge": "cnibr0", "isGateway": True, "ipMasq": True,
+         "ipam": {"type": "host-local", "subnet": "10.215.0.0/21", "dataDir": f"{tmp}/cni-ipam"}},
+        {"type": "bandwidth", "ingressRate": LIMIT_MBIT * 1_000_000, "ingressBurst": LIMIT_MBIT * 50_000,
+         "egressRate": LIMIT_MBIT * 1_000_000, "egressBurst": LIMIT_MBIT * 50_000},
+        {"type": "firewall", "backend": "iptables"},
+    ]
+
+
+def cni_call(plugin: dict, cmd: str, cid: str, pid: int, prev: dict | None) -> dict:
+    conf = {"cniVersion": "1.0.0", "name": "benchnet", **plugin}
+    if prev is not None:
+        conf["prevResult"] = prev
+    env = {"CNI_COMMAND": cmd, "CNI_CONTAINERID": cid, "CNI_NETNS": f"/proc/{pid}/ns/net", "CNI_IFNAME": "eth0",
+           "CNI_PATH": CNI_PATH, "PATH": os.environ["PATH"]}
+    cp = subprocess.run([f"{CNI_PATH}/{plugin['type']}"], input=json.dumps(conf), env=env, capture_output=True,
+                        text=True)
+    if cp.returncode != 0:
+        raise RuntimeError(f"CNI {plugin['type']} {cmd} failed: {cp.stdout.strip()} {cp.stderr.strip()}")
+    return json.loads(cp.stdout) if cp.stdout.strip() else {}
+
+
+def cni_job(chain: list[dict], stamp: str, i: int, pid: int) -> tuple[float, float]:
+    cid = f"bench{i}"
+    t0 = time.time_ns()
+    prev = None
+    for plugin in chain:
+        prev = cni_call(plugin, "ADD", cid, pid, prev) or prev
+    out = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", stamp], capture_output=True, text=True).stdout
+    setup = (stamps(out)[0] - t0) / 1e6
+    t1 = time.perf_counter()
+    for plugin in reversed(chain):
+        cni_call(plugin, "DEL", cid, pid, prev)
+    return setup, (time.perf_counter() - t1) * 1000
+
+
+def cni_inner(stamp: str, n: int, concurrency: int) -> None:
+    """Runs inside the fake host's netns; prints {"setup": [...], "del": [...], "failures": n} as JSON."""
+    tmp = tempfile.mkdtemp(prefix="lark-bench-cni-")
+    chain = cni_conf(tmp)
+    sleepers = [subprocess.Popen(["unshare", "--net", "sleep", "600"]) for _ in range(n)]
+    me = os.stat("/proc/self/ns/net").st_ino
+    for p in sleepers:
+        while os.stat(f"/proc/{p.pid}/ns/net").st_ino == me:
+            time.sleep(0.001)
+    setups, dels, failures = [], [], 0
+    try:
+        with ThreadPoolExecutor(max(1, concurrency)) as ex:
+            futs = [ex.submit(cni_job, chain, stamp, i, p.pid) for i, p in enumerate(sleepers)]
+            for f in futs:
+                try:
+                    s, d = f.result()
+                    setups.append(s)
+                    dels.append(d)
+                except Exception as e:  # noqa: BLE001 - a failed job is a figure, not a crash
+                    failures += 1
+                    sys.stderr.write(f"{e}\n")
+    finally:
+        for p in sleepers:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps({"setup": setups, "del": dels, "failures": failures}))
+
+
+def cni_run(host, stamp: Path, n: int, concurrency: int) -> dict:
+    cp = subprocess.run(host.in_host([sys.executable, __file__, "--cni-inner", str(stamp), str(n), str(concurrency)]),
+                        capture_output=True, text=True, timeout=600)
+    if cp.returncode != 0:
+        raise RuntimeError(f"CNI run failed: {cp.stderr.strip()[-2000:]}")
+    return json.loads(cp.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--cni-inner":
+        cni_inner(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return 0
+    if os.geteuid() != 0:
+        raise SystemExit("e2e_latency: run as root (it makes network namespaces)")
+    from helpers.fakehost import FakeHost, build_starter
+    tmp = Path(tempfile.mkdtemp(prefix="lark-bench-e2e-"))
+    tmp.chmod(0o755)  # the job (uid 65534) execs the stamp binary from here
+    host = FakeHost(str(tmp / "host"), build_starter(str(tmp)))
+    stamp = build_stamp(tmp)
+    rows: list[tuple] = []
+    summary: dict[str, float] = {}
+    try:
+        host.start()
+        # Sequential: one job at a time, N_SEQ times.
+        seq, gone, fails = [], [], 0
+        for i in range(N_SEQ):
+            lat, g, f, _ = lark_batch(host, stamp, 1, 1000 + i)
+            seq += lat
+            gone += g
+            fails += f
+        rows.append(("lark, sequential", len(seq), fails, seq))
+        rows.append(("lark teardown: netns+veth gone after exit", len(gone), 0, gone))
+        cni = cni_run(host, stamp, N_SEQ, 1)
+        rows.append(("cni chain ADD+exec, sequential", len(cni["setup"]), cni["failures"], cni["setup"]))
+        rows.append(("cni chain DEL (the runtime waits)", len(cni["del"]), 0, cni["del"]))
+        summary.update(e2e_p50_ms=statistics.median(seq), e2e_p99_ms=pct(seq, 99),
+                       cni_p50_ms=statistics.median(cni["setup"]))
+        rates = []
+        for c in CONCURRENCY:
+            lat, g, f, rate = lark_batch(host, stamp, c, 2000 + 1000 * c)
+            rates.append(rate)
+            rows.append((f"lark, {c} concurrent", len(lat), f, lat))
+            rows.append((f"lark teardown, {c} concurrent: gone after exit", len(g), 0, g))
+            if c == 64:
+                summary.update(c64_p99_ms=pct(lat, 99), c64_failures=f)
+            cni = cni_run(host, stamp, c, c)
+            rows.append((f"cni chain, {c} concurrent", len(cni["setup"]), cni["failures"], cni["setup"]))
+        summary["setups_per_s"] = max(rates) if rates else 0.0
+    finally:
+        host.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{'measurement':<48} {'n':>4} {'fail':>4} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+    for name, n, fails, xs in rows:
+        if xs:
+            print(f"{name:<48} {n:>4} {fails:>4} {statistics.median(xs):>8.1f} {pct(xs, 99):>8.1f} {max(xs):>8.1f}")
+        else:
+            print(f"{name:<48} {n:>4} {fails:>4} {'-':>8} {'-':>8} {'-':>8}")
+    print("goals: p50 <= 8 ms and >= 3.5x CNI; p99 <= 20 ms; 16 concurrent p99 <= 100 ms; 64 concurrent p99 <= 400 ms "
+          "and 0 failures; 128 concurrent 0 failures; >= 200 setups/s")
+    speedup = summary["cni_p50_ms"] / summary["e2e_p50_ms"]
+    print(f"e2e_p50_ms={summary['e2e_p50_ms']:.1f} e2e_p99_ms={summary['e2e_p99_ms']:.1f} "
+          f"cni_p50_ms={summary['cni_p50_ms']:.1f} speedup={speedup:.2f} "
+          f"c64_p99_ms={summary.get('c64_p99_ms', float('nan')):.1f} c64_failures={summary.get('c64_failures', -1)} "
+          f"setups_per_s={summary['setups_per_s']:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

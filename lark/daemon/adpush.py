@@ -1,0 +1,97 @@
+"""Figures into the job's ad at its schedd, pushed by larkd (root), on a path the job cannot reach.
+
+The hooks (UPDATE_JOB_INFO, JOB_EXIT) run as the job's user in the host's namespace: a job can ptrace them or edit
+the chirp configuration in its scratch directory, and the JOB_EXIT hook runs once, so a larkd that is down at that
+moment loses the job's figures. larkd instead edits the job ad at the job's schedd with htcondor2 (as
+`condor_qedit` would): every `schedd_push_interval` while the job runs, and once more with the final figures at
+teardown; a final push that fails is retried for `schedd_push_retry` seconds. If larkd is down when the job ends,
+the job's history keeps the last periodic push (at most one interval plus the downtime old) and larkd's finished
+record keeps the exact figures (`lark report`).
+
+For the job not to overwrite them, the schedd and shadow must refuse the job's own updates of these attributes:
+list them in PROTECTED_JOB_ATTRS on the access point (docs/design.md, "Threat model"); larkd's identity (root on
+the EP) must be a QUEUE_SUPER_USER there.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..job.update_hook import job_attributes
+
+log = logging.getLogger(__name__)
+
+
+def schedd_of(global_job_id: str) -> str:
+    """The schedd's name from a GlobalJobId ("schedd#cluster.proc#qdate")."""
+    return global_job_id.split("#", 1)[0] if "#" in global_job_id else ""
+
+
+@dataclass
+class Pending:
+    global_job_id: str
+    job_id: str
+    attrs: dict[str, str]
+    until: float
+
+
+class AdPusher:
+    def __init__(self, retry_seconds: float = 600.0, edit: Callable[[str, str, dict[str, str]], None] | None = None):
+        self.retry_seconds = retry_seconds
+        self.edit = edit or htcondor_edit
+        self.pending: dict[str, Pending] = {}   # key -> a final push not yet accepted
+        self._warned: dict[str, float] = {}
+
+    def push(self, key: str, global_job_id: str, job_id: str, stats: dict) -> bool:
+        """Push what larkd's `stats` answer says about a job; False (logged at most once a minute) on failure."""
+        attrs = job_attributes(stats)
+        if not attrs or not global_job_id:
+            return False
+        try:
+            self.edit(schedd_of(global_job_id), job_id, attrs)
+        except Exception as e:  # the schedd may be down or the job gone: never fatal for larkd
+            now = time.monotonic()
+            if now - self._warned.get(key, -1e9) > 60:
+                self._warned[key] = now
+                log.warning("could not push figures of job %s to schedd %s: %s", job_id,
+                            schedd_of(global_job_id) or "(local)", e)
+            return False
+        return True
+
+    def push_final(self, key: str, global_job_id: str, job_id: str, summary: dict) -> bool:
+        """The job's final figures; kept and retried by retry_pending() if the schedd does not take them now."""
+        stats = {"finished": summary, "plan": {}}
+        if self.push(key, global_job_id, job_id, stats):
+            self.pending.pop(key, None)
+            return True
+        self.pending[key] = Pending(global_job_id, job_id, job_attributes(stats),
+                                    time.monotonic() + self.retry_seconds)
+        return False
+
+    def retry_pending(self) -> None:
+        now = time.monotonic()
+        for key, p in list(self.pending.items()):
+            if now > p.until:
+                log.warning("gave up pushing the final figures of job %s; they stay in larkd's finished records",
+                            p.job_id)
+                self.pending.pop(key, None)
+                continue
+            try:
+                self.edit(schedd_of(p.global_job_id), p.job_id, p.attrs)
+            except Exception:
+                continue
+            self.pending.pop(key, None)
+
+
+def htcondor_edit(schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:
+    """Set attributes of one job at its schedd, in one transaction (htcondor2, as root)."""
+    import classad2
+    import htcondor2 as ht
+    coll = ht.Collector()
+    loc = coll.locate(ht.DaemonType.Schedd, schedd_name) if schedd_name else coll.locate(ht.DaemonType.Schedd)
+    schedd = ht.Schedd(loc)
+    for attr, literal in attrs.items():
+        if schedd.edit(job_id, attr, classad2.ExprTree(literal)) < 1:
+            raise LookupError(f"the schedd no longer holds job {job_id}")

@@ -1,0 +1,287 @@
+"""Issue 14, daemon side, pure logic and error paths with fakes: pins, carried counters, pid reuse, release."""
+import asyncio
+import os
+
+import pytest
+
+from lark.daemon import peercred
+from lark.daemon.pins import Pin, PinStore, merge_usage
+from lark.daemon.server import Larkd
+from lark.errors import LarkError
+
+
+def test_merge_usage_adds_counts_and_time_keeps_peaks():
+    before = {"bytes_in": 1000, "bytes_out": 10, "packets_in": 3, "packets_out": 1, "seconds": 2.0,
+              "peak_in_bps": 900.0, "peak_out_bps": 5.0, "started": 50.0}
+    now = {"bytes_in": 3000, "bytes_out": 30, "packets_in": 6, "packets_out": 2, "seconds": 6.0,
+           "peak_in_bps": 400.0, "peak_out_bps": 80.0, "polled_at": 99.0}
+    m = merge_usage(before, now)
+    assert (m["bytes_in"], m["bytes_out"], m["packets_in"], m["packets_out"]) == (4000, 40, 9, 3)
+    assert m["seconds"] == 8.0 and m["avg_in_bps"] == pytest.approx(4000 * 8 / 8.0)
+    assert (m["peak_in_bps"], m["peak_out_bps"]) == (900.0, 80.0)
+    assert m["started"] == 50.0 and m["polled_at"] == 99.0
+    assert merge_usage(None, now) is now and merge_usage(before, None) == before
+
+
+def test_pin_store_roundtrip_and_unreadable_pin_is_an_error(tmp_path):
+    store = PinStore(str(tmp_path / "pins"))
+    store.save(Pin("slot1", 10, 20, 30, carried={"bytes_in": 5}))
+    assert store.load("slot1").carried == {"bytes_in": 5}
+    assert [p.key for p in store.all()] == ["slot1"]
+    (tmp_path / "pins" / "slot2.json").write_text("{not json")
+    with pytest.raises(LarkError, match="unreadable"):
+        store.load("slot2")  # never "no pin": that would let the job choose a new namespace
+    store.drop("slot1")
+    store.drop("slot1")
+    assert store.load("slot1") is None
+
+
+class FakeLoop:
+    def __init__(self):
+        self.soon, self.removed = [], []
+
+    def call_soon(self, fn, *args):
+        self.soon.append((fn, args))
+
+    def remove_reader(self, fd):
+        self.removed.append(fd)
+
+    def add_reader(self, fd, *args):
+        raise AssertionError("a reused pid must not be watched")
+
+
+def bare_daemon(tmp_path) -> Larkd:
+    d = object.__new__(Larkd)
+    d.pins = PinStore(str(tmp_path / "pins"))
+    d.watches = {}
+    d.loop = FakeLoop()
+    return d
+
+
+def starter(pid=100, start=7, slot="slot1"):
+    return peercred.StarterInfo(pid, start, slot, "/x/condor_starter", [])
+
+
+def test_pin_refuses_another_namespace_for_the_same_starter_even_without_a_record(tmp_path):
+    d = bare_daemon(tmp_path)
+    d.pin(starter(), "slot1", 1111)
+    assert d.pin(starter(), "slot1", 1111).netns_inode == 1111   # the same namespace again: fine
+    with pytest.raises(LarkError, match="another network namespace"):
+        d.pin(starter(), "slot1", 2222)                           # e.g. after a release, from unshare -n
+    # The pin survives a daemon restart (it is on disk) ...
+    with pytest.raises(LarkError, match="another network namespace"):
+        bare_daemon(tmp_path).pin(starter(), "slot1", 2222)
+    # ... and ends with its starter: the slot's next job (another starter) gets its own.
+    assert d.pin(starter(pid=101), "slot1", 2222).starter_pid == 101
+
+
+def test_release_is_refused_to_a_job(tmp_path):
+    d = bare_daemon(tmp_path)
+    job = peercred.Peer(pid=os.getpid(), uid=65534, gid=65534)
+    with pytest.raises(LarkError, match="root only"):
+        asyncio.run(d.dispatch({"op": "release", "slot": "slot1"}, job))
+
+
+def test_pidfd_of_an_exited_process_is_not_alive_whoever_reuses_its_pid():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    fd = os.pidfd_open(pid)
+    try:
+        os.waitpid(pid, 0)
+        assert not peercred.pidfd_alive(fd)
+        peer = peercred.Peer(pid, 0, 0, fd)
+        with pytest.raises(LarkError, match="exited while its request was checked"):
+            peercred.still_same_process(peer)
+    finally:
+        os.close(fd)
+    me = peercred.Peer(os.getpid(), 0, 0, os.pidfd_open(os.getpid()))
+    peercred.still_same_process(me)
+    me.close()
+    assert me.pidfd is None
+
+
+def test_watch_does_not_follow_a_reused_pid(tmp_path):
+    d = bare_daemon(tmp_path)
+    # Our own pid with a start time that is not ours: the starter it names has gone and the pid was reused.
+    d.watch("slot1", os.getpid(), peercred.start_time(os.getpid()) + 1)
+    assert d.watches == {}
+    (fn, args), = d.loop.soon
+    assert fn == d._starter_exited and args[0] == "slot1"
+
+
+def test_namespace_owned_by_another_user_namespace_is_refused(monkeypatch):
+    ns, owner = peercred.netns_identity(os.getpid())
+    assert owner == peercred.own_userns_inode()   # this test runs in the initial user namespace's netns
+    monkeypatch.setattr(peercred, "netns_identity", lambda pid: (ns, owner + 1))
+    with pytest.raises(LarkError, match="user namespace the job made"):
+        peercred.authorize_job(peercred.Peer(os.getpid(), 65534, 65534), ["/x"], daemon_netns=ns + 1)
+
+
+def test_admission_per_uid_shared_and_starter_buckets():
+    from lark.daemon.admission import Admission
+    a = Admission(per_uid=2, per_starter=3, shared=3)
+    flood = a.bucket(1000, None)
+    assert [a.admit(flood) for _ in range(3)] == [True, True, False]        # per uid
+    other = a.bucket(1001, None)
+    assert [a.admit(other) for _ in range(2)] == [True, False]              # all non-job uids share 3
+    job = a.bucket(1000, 4242)                                             # same uid, but a job's process
+    assert job != flood and [a.admit(job) for _ in range(4)] == [True, True, True, False]
+    assert all(a.admit("root") for _ in range(50))                          # headroom for root
+    a.release(flood)
+    assert a.admit(other)                                                   # a freed place is reusable
+    for _ in range(10):
+        a.release("gone")                                                   # never negative
+    assert a.total >= 0
+
+
+def test_check_rate_limit_reuses_the_answer_within_the_interval():
+    from lark.daemon.admission import RateLimit
+    r = RateLimit(5.0)
+    assert r.recent("s", now=100.0) is None
+    r.remember("s", {"plan": 1}, now=100.0)
+    assert r.recent("s", now=104.0) == {"plan": 1}
+    assert r.recent("s", now=105.5) is None
+
+
+def test_busy_answer_is_retried_by_the_wrapper(monkeypatch):
+    from lark.errors import DaemonBusy
+    from lark.job import client
+    answers = [DaemonBusy("busy"), DaemonBusy("busy"), {"ok": True, "env": {}}]
+
+    def fake_call(op, **kw):
+        a = answers.pop(0)
+        if isinstance(a, Exception):
+            raise a
+        return a
+    monkeypatch.setattr(client, "call", fake_call)
+    monkeypatch.setattr(client.time, "sleep", lambda s: None)
+    assert client.call_patiently("setup", wait=20)["ok"] is True
+    assert answers == []
+
+
+def test_ad_pusher_pushes_figures_and_retries_a_failed_final_push(monkeypatch):
+    from lark.daemon import adpush
+    calls, fail = [], [True]
+
+    def edit(schedd, job_id, attrs):
+        calls.append((schedd, job_id, dict(attrs)))
+        if fail[0]:
+            raise OSError("schedd down")
+    p = adpush.AdPusher(retry_seconds=60, edit=edit)
+    gid = "ap.example#43.0#1700000000"
+    stats = {"usage": {"bytes_in": 123, "bytes_out": 4}, "plan": {"network_type": "nat"}}
+    assert p.push("slot1", gid, "43.0", stats) is False               # logged, not raised
+    fail[0] = False
+    assert p.push("slot1", gid, "43.0", stats) is True
+    assert calls[-1][0] == "ap.example" and calls[-1][1] == "43.0"
+    assert calls[-1][2]["NetworkIncomingBytes"] == "123" and calls[-1][2]["LarkNetworkType"] == '"nat"'
+    fail[0] = True
+    assert p.push_final("slot1", gid, "43.0", {"bytes_in": 999}) is False
+    assert "slot1" in p.pending
+    fail[0] = False
+    p.retry_pending()
+    assert calls[-1][2]["NetworkIncomingBytes"] == "999" and p.pending == {}
+    # A final push the schedd never takes is given up after the retry window.
+    fail[0] = True
+    p.push_final("slot2", gid, "44.0", {"bytes_in": 1})
+    p.pending["slot2"].until = 0
+    p.retry_pending()
+    assert p.pending == {}
+    assert p.push("slot3", "", "45.0", stats) is False               # no schedd known: nothing to push
+
+
+def test_schedd_name_from_global_job_id():
+    from lark.daemon.adpush import schedd_of
+    assert schedd_of("ap.example.org#12.3#1700000000") == "ap.example.org"
+    assert schedd_of("") == ""
+
+
+def test_callout_input_cannot_be_forged_by_a_newline_in_a_job_attribute(tmp_path):
+    """A job attribute holding "\\n------\\nVLAN = 7" must not become a separator and a machine attribute."""
+    import classad2
+    from lark.policy.callout import run_callout
+    script = tmp_path / "callout"
+    script.write_text("#!/usr/bin/env python3\nimport sys\n"
+                      "parts = sys.stdin.read().split('\\n------\\n')\n"
+                      "machine = [l for l in parts[-1].splitlines() if l.strip()]\n"
+                      "print(f'Parts = {len(parts)}')\n"
+                      "print('MachineVLAN = ' + next((l.split('=', 1)[1] for l in machine if l.startswith('VLAN')), "
+                      "'undefined'))\n")
+    script.chmod(0o755)
+    job = classad2.ClassAd()
+    job["ClusterId"] = 1
+    job["Cmd"] = "x\n------\nVLAN = 7\n"
+    machine = classad2.ClassAd()
+    machine["Bandwidth"] = 100
+    out = run_callout(str(script), job, machine, timeout=10)
+    assert out["Parts"] == 2
+    assert "MachineVLAN" not in out or out.get("MachineVLAN") is classad2.Value.Undefined
+
+
+def test_deep_json_is_a_clear_error_not_a_recursion_traceback():
+    from lark import protocol
+    with pytest.raises(LarkError, match="nests too deeply"):
+        protocol.parse_request(b"[" * 200_000 + b"]" * 200_000 + b"\n")
+
+
+def test_log_limit_per_party_with_a_count_of_what_was_dropped():
+    from lark.daemon.admission import LogLimit
+    lim = LogLimit(per_minute=3)
+    got = [lim.allow(65534, now=10.0 + i * 0.01) for i in range(10)]
+    assert [ok for ok, _ in got] == [True] * 3 + [False] * 7
+    assert lim.allow(0, now=11.0) == (True, 0)            # another party is not affected
+    assert lim.allow(65534, now=71.0) == (True, 7)        # next minute: the drop count is reported once
+
+
+def test_state_files_refuse_links_and_foreign_owners(tmp_path):
+    from lark.daemon.records import FinishedStore, RecordStore, read_own
+    store = RecordStore(str(tmp_path / "jobs"))
+    assert oct(os.stat(store.dir).st_mode & 0o777) == "0o700"
+    secret = tmp_path / "secret"
+    secret.write_text('{"key": "x"}')
+    os.symlink(secret, store.path("slot1"))
+    assert store.load("slot1") is None                  # a planted link is not followed
+    with pytest.raises(OSError):
+        read_own(store.path("slot1"))
+    # A link planted at the temp name is not written through either.
+    import threading
+    target = tmp_path / "target"
+    target.write_text("untouched")
+    os.symlink(target, f"{store.path('slot2')}.tmp.{os.getpid()}.{threading.get_ident()}")
+    from lark.daemon.records import JobRecord
+    store.save(JobRecord("slot2", "slot2", "1.0", 1, 2, 3, 4, "ns", "if", {}))
+    assert target.read_text() == "untouched" and store.load("slot2").job_id == "1.0"
+    fin = FinishedStore(str(tmp_path / "finished"))
+    assert oct(os.stat(fin.dir).st_mode & 0o777) == "0o700"   # who moved what is for root only
+    name = fin.save("slot1", {"ended": 1.0, "bytes_in": 5})
+    assert oct(os.stat(os.path.join(fin.dir, name)).st_mode & 0o777) == "0o600"
+    if os.geteuid() == 0:
+        os.chown(os.path.join(fin.dir, name), 65534, 65534)
+        assert fin.latest_for_key("slot1") is None          # a file someone else owns is not trusted
+    os.chmod(tmp_path / "finished", 0o777)
+    FinishedStore(str(tmp_path / "finished"))
+    assert oct(os.stat(tmp_path / "finished").st_mode & 0o777) == "0o700"   # a loosened mode is put back
+
+
+def test_doctor_does_not_import_lark_from_the_current_directory(tmp_path, monkeypatch):
+    import subprocess as sp
+    from lark import doctor
+    planted = tmp_path / "lark"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    (planted / "doctor.py").write_text("print('{}')\n")
+    seen, real_run = {}, sp.run
+
+    def fake_run(argv, **kw):
+        seen["argv"], seen["cwd"] = argv, kw.get("cwd")
+        # Run the probe's interpreter the same way, minus `unshare` (needs root) and the probe itself.
+        probe = [a for a in argv if a != "unshare" and a != "--net"]
+        probe = probe[:probe.index("-m")] + ["-c", "import lark; print('{}')"]
+        return real_run(probe, cwd=kw.get("cwd"), capture_output=True, text=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(doctor.subprocess, "run", fake_run)
+    doctor.run()
+    assert not marker.exists(), seen
+    assert "-P" in seen["argv"] and seen["cwd"] == "/"
