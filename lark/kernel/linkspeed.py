@@ -1,30 +1,29 @@
-"""`lark detect-bandwidth`: the uplink's negotiated speed, for MACHINE_RESOURCE_INVENTORY_Bandwidth."""
-from __future__ import annotations
+"""`lark detect-bandwidth`: the uplink's negotiated speed, for MACHINE_RESOURCE_INVENTORY_Bandwidth.
 
-import os
+Read through pyroute2's ethtool (netlink, or the ioctl on older kernels), which asks the kernel in the caller's
+network namespace. /sys/class/net/IF/speed would not do: sysfs shows the namespace it was mounted in, and an EP
+whose HTCondor runs in a namespace of its own (the testbed) would read another namespace's interfaces there.
+"""
+from __future__ import annotations
 
 from ..errors import LarkError
 
-SYSFS_NET = "/sys/class/net"
 
-
-def link_speed_mbit(ifname: str, sysfs_net: str = SYSFS_NET) -> int | None:
-    """Negotiated speed (Mbit/s) the driver reports in sysfs; None when it reports none.
-
-    /sys shows the interfaces of the netns it was mounted in: run this in the host's netns (as the startd does).
-    """
+def link_speed_mbit(ifname: str) -> int | None:
+    """Negotiated speed (Mbit/s) the driver reports; None when it reports none (virtual NICs, links down)."""
+    from pyroute2.ethtool import Ethtool
+    from pyroute2.ethtool.ioctl import NoSuchDevice, NotSupportedError
+    ethtool = Ethtool()
     try:
-        present = ifname in os.listdir(sysfs_net)  # an exact name, never a path
-    except FileNotFoundError:
-        present = False
-    if not present:
-        raise LarkError("no such interface", obj=f"uplink {ifname}", fix="set LARK_UPLINK")
-    try:
-        with open(os.path.join(sysfs_net, ifname, "speed")) as f:
-            speed = int(f.read().strip())
-    except (OSError, ValueError):  # EINVAL: link down, or a driver that has no notion of speed
+        mode = ethtool.get_link_mode(ifname)
+    except NoSuchDevice:
+        raise LarkError("no such interface", obj=f"uplink {ifname}", fix="set LARK_UPLINK") from None
+    except (NotSupportedError, OSError):
         return None
-    return speed if speed > 0 else None  # SPEED_UNKNOWN reads as -1
+    finally:
+        ethtool.close()
+    speed = mode.speed
+    return speed if isinstance(speed, int) and 0 < speed < 0xFFFFFFFF else None  # SPEED_UNKNOWN is all ones
 
 
 def detect(ifname: str, configured: int) -> int:
