@@ -1,7 +1,9 @@
 from setuptools import find_packages, setup
 
 setup(
-    name="lark",
+    # The import package is `lark`, but that name on the package index is an unrelated parsing library:
+    # the distribution has a name of its own, and docs/install.md puts it in its own virtual environment.
+    name="htcondor-lark",
     version="0.1.0",
     description="Per-job network namespaces, policy, shaping and accounting for HTCondor",
     packages=find_packages(include=["lark", "lark.*"]),

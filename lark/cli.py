@@ -132,9 +132,27 @@ def cmd_doctor(args) -> int:
     return 1 if missing else 0
 
 
+def cmd_config_migrate(args) -> int:
+    """The LARK_* lines equivalent to a TOML file (default: the deprecated /etc/lark/lark.toml)."""
+    from . import config
+    path = args.config or config.DEFAULT_PATH
+    cfg = config.load(path, warn=False)
+    lines = config.knob_lines(cfg)
+    print(f"# LARK_* knobs equivalent to {path} (values that differ from the defaults); put them in a file")
+    print("# under /etc/condor/config.d/, run condor_reconfig, then delete the TOML file.")
+    print("\n".join(lines) if lines else "# (every value is the default: nothing to set)")
+    return 0
+
+
+def cmd_config_knobs(args) -> int:
+    from . import config
+    print(config.knob_table(), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="lark", description="Lark per-job networks: admin tool")
-    ap.add_argument("--config", help="larkd config (default /etc/lark/lark.toml or $LARK_CONFIG)")
+    ap.add_argument("--config", help="a TOML config file (deprecated) instead of HTCondor's LARK_* knobs")
     ap.add_argument("--socket", help="larkd socket (default from config)")
     ap.add_argument("--log-level", default="WARNING")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -163,10 +181,19 @@ def main(argv: list[str] | None = None) -> int:
     from .report.machine_ad import add_parser as add_machine_ad_parser
     add_report_parser(sub)
     add_machine_ad_parser(sub)
+    p = sub.add_parser("config", help="configuration tools")
+    csub = p.add_subparsers(dest="config_cmd", required=True)
+    c = csub.add_parser("migrate", help="print the LARK_* knob lines equivalent to a lark.toml (--config FILE)")
+    c.set_defaults(func=cmd_config_migrate)
+    c = csub.add_parser("knobs", help="every LARK_* knob with its default, as a markdown table")
+    c.set_defaults(func=cmd_config_knobs)
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="lark: %(levelname)s %(message)s")
-    if args.socket is None and args.config and args.cmd not in ("policy", "report"):
-        args.socket = load(args.config).socket
+    if args.socket is None and args.cmd not in ("policy", "config", "report"):
+        try:  # larkd's socket as its configuration says (LARK_SOCKET, or the --config file)
+            args.socket = load(args.config, warn=False).socket
+        except LarkError as e:
+            log.warning("configuration unreadable, using the default socket: %s", e)
     try:
         return args.func(args)
     except LarkError as e:

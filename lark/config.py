@@ -1,8 +1,15 @@
-"""larkd configuration: a TOML file with [daemon] and [network] tables, validated on load."""
+"""larkd configuration: `LARK_<FIELD>` knobs in HTCondor's configuration, one per field of `Config`.
+
+The knobs are read with the htcondor2 bindings (so `condor_config_val -dump LARK_` shows them and
+`condor_reconfig` reloads them); every field of `Config` is a knob, named `LARK_` + the field in capitals, with
+no per-field code. A TOML file (`--config FILE`, $LARK_CONFIG, or a former /etc/lark/lark.toml) is still read,
+with a deprecation warning naming the knobs to use instead; `lark config migrate` prints them.
+"""
 from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import logging
 import os
 import re
 import tomllib
@@ -12,55 +19,59 @@ from pathlib import Path
 from .errors import LarkError
 from .names import DEFAULT_NETNS_PREFIX
 
-DEFAULT_PATH = "/etc/lark/lark.toml"
+log = logging.getLogger(__name__)
+DEFAULT_PATH = "/etc/lark/lark.toml"   # deprecated: LARK_* knobs in the HTCondor configuration replace it
+KNOB_PREFIX = "LARK_"
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 
 
 @dataclass
 class Config:
     # [daemon]
-    socket: str = "/run/lark/lark.sock"
+    socket: str = "/run/lark/lark.sock"  # larkd's socket, mode 0666: requests are authorised from SO_PEERCRED
     run_dir: str = "/run/lark"          # records and address locks: same lifetime as the kernel objects
     state_dir: str = "/var/lib/lark"    # finished-job accounting survives reboots
-    netns_dir: str = "/run/netns"
-    netns_prefix: str = DEFAULT_NETNS_PREFIX
+    netns_dir: str = "/run/netns"       # where job namespaces are named (`ip netns` lists them)
+    netns_prefix: str = DEFAULT_NETNS_PREFIX  # job namespace names: <prefix><slot key>
+    # a job must descend from a root process running one of these
     starter_paths: list[str] = field(default_factory=lambda: ["/usr/sbin/condor_starter"])
     ad_source: str = "startd"           # "startd": the local startd and schedd (htcondor2); "files": ad_dir
-    ad_dir: str = "/run/lark/ads"
-    poll_interval: float = 5.0
-    request_timeout: float = 5.0
-    max_request_bytes: int = 65536
-    setup_workers: int = 4
-    finished_keep: int = 10000
-    callout: str = ""
-    callout_timeout: float = 5.0
+    ad_dir: str = "/run/lark/ads"       # ad_source "files": <slot>.job.ad and <slot>.machine.ad, root-owned
+    poll_interval: float = 5.0          # seconds between counter reads
+    request_timeout: float = 5.0        # seconds a client has to send its request
+    max_request_bytes: int = 65536      # longest request line accepted
+    setup_workers: int = 4              # threads that build and tear down job networks
+    finished_keep: int = 10000          # finished-job records kept in state_dir/finished
+    callout: str = ""                   # admin callout run before the policy (docs/policy.md); "" = none
+    callout_timeout: float = 5.0        # seconds the callout may take
+    log_file: str = ""                  # larkd's log (an absolute path; reopened when rotated); "" = stderr
     # Connections one party may hold open at once (issue 14 item 4): a non-root process outside any job, per
     # uid; all such uids together; the processes of one job (under one starter). Root has its own headroom.
-    max_connections_per_uid: int = 8
-    max_connections_shared: int = 64
-    max_connections_per_starter: int = 8
+    max_connections_per_uid: int = 8    # open connections of one non-root uid outside any job
+    max_connections_shared: int = 64    # open connections of all such uids together
+    max_connections_per_starter: int = 8  # open connections of the processes of one job (hooks and wrapper too)
     check_min_interval: float = 5.0     # a starter's `check` queries the startd/schedd at most this often (s)
-    # larkd pushes each job's figures into its ad at its schedd (htcondor2, as root) this often while it runs,
-    # and at its end; 0 = off. Only with ad_source = "startd" (the other source knows no schedd).
+    # larkd pushes each job's figures into its ad at its schedd (htcondor2, as root) this often (s) while it
+    # runs, and at its end; 0 = off. Only with ad_source = "startd" (the other source knows no schedd).
     schedd_push_interval: float = 60.0
     schedd_push_retry: float = 600.0    # keep retrying a job's final push this long (s)
     # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
     # management address: the figures name slots and running job ids.
     metrics_address: str = ""
     # [network]
-    uplink: str = "eth0"
-    subnet: str = "10.213.0.0/16"
+    uplink: str = "eth0"                # NAT leaves here; inbound ports arrive here
+    subnet: str = "10.213.0.0/16"       # NAT job addresses; .1 is the gateway on every host-side veth
     subnet6: str = ""                   # IPv6 for NAT mode (NAT66), e.g. "fd00:213::/64"; "" = no IPv6
     firewall: str = "nftables"          # or "iptables"
-    nft_table: str = "lark"
-    allow_job_to_job: bool = False
-    allow_job_to_host: bool = False
-    inbound_ports: str = "20000-20999"
-    enable_ip_forward: bool = True
+    nft_table: str = "lark"             # the nftables table Lark owns
+    allow_job_to_job: bool = False      # jobs on this machine may reach each other
+    allow_job_to_host: bool = False     # jobs may reach the host's own addresses
+    inbound_ports: str = "20000-20999"  # host ports forwarded to jobs with InboundConnectivity
+    enable_ip_forward: bool = True      # larkd sets net.ipv4.ip_forward=1 (NAT needs it)
     # What Lark's firewall does with forwarded traffic that is not a job's: "lark-only" drops it (unless part of
     # an established flow), "any" leaves it, "auto" drops it only when Lark itself turned ip_forward on.
     forward_policy: str = "auto"
-    default_network_type: str = "nat"
+    default_network_type: str = "nat"   # when the machine policy sets no NetworkType
     bandwidth_mbit: int = 0             # used by detect-bandwidth when the uplink reports no speed
     # Limit for jobs whose slot was allocated no Bandwidth: "fair" (an equal share of what the running
     # reserved jobs leave of the link, so the sum of limits never exceeds it), "unlimited", "share" (the
@@ -68,35 +79,33 @@ class Config:
     default_bandwidth: str = "fair"
     # "fair": the least an unreserved job gets when reservations fill the link (Mbit/s, each direction).
     fair_share_floor_mbit: float = 1.0
-    # Bridge mode: jobs get addresses on the site network through a Linux bridge.
-    bridge_name: str = "lkbr0"          # created if missing (STP off, forward delay 0), adopted if present
+    bridge_name: str = "lkbr0"          # bridge mode: created if missing (STP off, forward delay 0), adopted if present
     bridge_uplink: str = ""             # enslaved when Lark creates the bridge; its addresses move to the bridge
-    bridge_range: str = ""              # job addresses, "first-last" on the bridged network
+    bridge_range: str = ""              # job addresses, "first-last" on the bridged network; "" = no bridge mode
     bridge_prefix: int = 24             # prefix length of the bridged network
     bridge_gateway: str = ""            # default route of bridged jobs
     bridge_range6: str = ""             # bridged IPv6 job addresses, "first-last"; "" = no IPv6 when bridged
-    bridge_prefix6: int = 64
-    bridge_gateway6: str = ""
+    bridge_prefix6: int = 64            # prefix length of the bridged IPv6 network
+    bridge_gateway6: str = ""           # IPv6 default route of bridged jobs
     # Mixed into bridged jobs' MACs so that EPs on one network never hand out the same MAC for equal slot
     # names; "" = this machine's /etc/machine-id. Set it per EP where EPs share a machine id (cloned images).
     job_mac_seed: str = ""
     # IPv6 of bridged/OVS jobs: "static" (bridge_range6) or "slaac" (the site's router advertisements, accepted
     # only from the uplink side; the job's address is EUI-64 of its MAC), and how long to wait for one.
     bridge_ipv6: str = "static"
-    slaac_timeout: float = 5.0
+    slaac_timeout: float = 5.0          # seconds to wait for a router advertisement (bridge_ipv6 = "slaac")
     dhcp_release: bool = False          # release a job's lease when it ends (else cache it for the slot's next job)
     dhcp_renew_interval: float = 0.0    # renew at least this often (s); 0: at the server's T1 only
-    # Open vSwitch mode ("ovs_bridge"): same addressing keys as bridge mode.
-    ovs_bridge_name: str = "lkovs0"
-    ovs_uplink: str = ""
-    ovs_db: str = "unix:/var/run/openvswitch/db.sock"
+    ovs_bridge_name: str = "lkovs0"     # Open vSwitch mode ("ovs_bridge"; same addressing knobs as bridge mode)
+    ovs_uplink: str = ""                # added to the OVS bridge when Lark creates it
+    ovs_db: str = "unix:/var/run/openvswitch/db.sock"  # OVSDB remote
     ovs_rundir: str = "/var/run/openvswitch"   # where ovs-vswitchd puts <bridge>.mgmt
     ovs_datapath: str = "auto"          # "system" (kernel module), "netdev" (userspace), or auto-detect
     # The pool's SDN controller (lark-controller, docs/controller.md): bridged jobs are registered there.
     controller_url: str = ""            # e.g. "https://10.77.0.2:8443"; "" = no controller
     controller_ca: str = "/etc/lark/controller/ca.pem"    # the CA that signed the controller's certificate
     controller_cert: str = "/etc/lark/controller/ep.pem"  # this EP's client certificate (its name = the EP)
-    controller_key: str = "/etc/lark/controller/ep.key"
+    controller_key: str = "/etc/lark/controller/ep.key"   # the key of controller_cert (root-only file)
     # The controller's certificate must name this (or the controller_url's host): an EP's certificate from the
     # same CA can then not pose as the controller.
     controller_name: str = "controller"
@@ -107,7 +116,7 @@ class Config:
     # DNS: jobs share the host's resolv.conf; loopback nameservers in it (systemd-resolved's 127.0.0.53, a local
     # cache on 127.0.0.1) are steered to a host-side forwarder on dns_address (lark/kernel/dns.py).
     resolv_conf: str = "/etc/resolv.conf"
-    dns_forward: bool = True
+    dns_forward: bool = True            # steer jobs' DNS for loopback resolvers to the host-side forwarder
     dns_address: str = "169.254.53.53"  # link-local service address of the forwarder (a Lark-owned device)
     # MTU of the job's link: 0 follows the uplink (bridge/OVS) or the route out (NAT); a number overrides it.
     job_mtu: int = 0
@@ -139,7 +148,7 @@ class Config:
 
     def validate(self) -> "Config":
         def bad(key: str, why: str, fix: str) -> LarkError:
-            return LarkError(why, obj=f"config key {key!r}", fix=fix)
+            return LarkError(why, obj=f"config key {key!r} (knob {knob_name(key)})", fix=fix)
 
         if not IFNAME_RE.fullmatch(self.uplink):
             raise bad("uplink", f"{self.uplink!r} is not a valid interface name", "use the name `ip link` shows")
@@ -163,6 +172,8 @@ class Config:
             raise bad("inbound_ports", f"{self.inbound_ports!r} is not a range", "write it as 20000-20999") from None
         if not (1 <= lo <= hi <= 65535):
             raise bad("inbound_ports", f"{self.inbound_ports!r} is out of 1-65535", "write it as 20000-20999")
+        if self.log_file and not os.path.isabs(self.log_file):
+            raise bad("log_file", f"{self.log_file!r} is not an absolute path", "e.g. $(LOG)/LarkdLog")
         for key in ("max_connections_per_uid", "max_connections_shared", "max_connections_per_starter"):
             if not 1 <= int(getattr(self, key)) <= 1000:
                 raise bad(key, f"{getattr(self, key)!r} is out of 1-1000", "use a small number such as 8")
@@ -273,31 +284,146 @@ class Config:
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
-def from_mapping(data: dict) -> Config:
+def from_mapping(data: dict, path: str = "config") -> Config:
     flat: dict = {}
     for section, values in data.items():
         if not isinstance(values, dict):
-            raise LarkError(f"top-level key {section!r} must be a table", obj="config",
+            raise LarkError(f"top-level key {section!r} must be a table", obj=path,
                             fix="put keys under [daemon] or [network]")
         for key, value in values.items():
             if key not in _FIELDS:
-                raise LarkError(f"unknown key {section}.{key}", obj="config", fix="see docs/admin.md for the keys")
+                raise LarkError(f"unknown key {section}.{key}", obj=path, fix="see docs/admin.md for the keys")
             flat[key] = value
     return Config(**flat).validate()
 
 
-def load(path: str | None = None) -> Config:
-    path = path or os.environ.get("LARK_CONFIG") or DEFAULT_PATH
+def knob_name(field_name: str) -> str:
+    return KNOB_PREFIX + field_name.upper()
+
+
+_DEFAULTS = Config()
+
+
+def parse_knob(name: str, text: str):
+    """A knob's text as the type of the field's default (HTCondor's conventions for booleans and lists)."""
+    kind = type(getattr(_DEFAULTS, name))
+    t = text.strip()
+    try:
+        if kind is bool:
+            low = t.lower()
+            if low not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(t)
+            return low in ("true", "1", "yes")
+        if kind is int:
+            return int(t)
+        if kind is float:
+            return float(t)
+        if kind is list:
+            return [x for x in re.split(r"[,\s]+", t) if x]
+    except ValueError:
+        raise LarkError(f"{t!r} is not {'a boolean' if kind is bool else 'an integer' if kind is int else 'a number'}",
+                        obj=f"knob {knob_name(name)}", fix=f"see {knob_name(name)} in docs/admin.md") from None
+    return t
+
+
+def condor_knobs(param=None) -> dict[str, str]:
+    """The LARK_<FIELD> knobs set in HTCondor's configuration, as text, keyed by field name."""
+    if param is None:
+        import htcondor2  # only larkd and the admin tools: the job's side stays standard library
+        param = htcondor2.param
+    out = {}
+    for name in _FIELDS:
+        value = param.get(knob_name(name))
+        if value is not None:
+            out[name] = str(value)
+    return out
+
+
+def from_knobs(knobs: dict[str, str], base: dict | None = None) -> Config:
+    values = dict(base or {})
+    values.update({name: parse_knob(name, text) for name, text in knobs.items()})
+    return Config(**values).validate()
+
+
+def _toml_values(path: str) -> dict:
     p = Path(path)
-    if not p.exists():
-        if path == DEFAULT_PATH:
-            return Config().validate()
-        raise LarkError("file does not exist", obj=f"config {path}", fix="create it or drop --config")
     try:
         data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise LarkError("file does not exist", obj=f"config {path}", fix="create it or drop --config") from None
     except tomllib.TOMLDecodeError as e:
         raise LarkError(f"not valid TOML: {e}", obj=f"config {path}", fix="fix the syntax") from None
-    return from_mapping(data)
+    return dataclasses.asdict(from_mapping(data, path))
+
+
+def _warn_deprecated(path: str, values: dict) -> None:
+    changed = sorted(k for k, v in values.items() if getattr(_DEFAULTS, k) != v)
+    log.warning("%s is deprecated: set these in HTCondor's configuration instead (`lark config migrate` prints "
+                "them): %s", path, ", ".join(knob_name(k) for k in changed) or "(nothing differs from defaults)")
+
+
+def load(path: str | None = None, *, condor: bool = True, warn: bool = True) -> Config:
+    """The configuration: an explicit TOML file (`--config`, $LARK_CONFIG) alone, else the LARK_* knobs of
+    HTCondor's configuration over a former /etc/lark/lark.toml (knobs win). `condor=False` skips the HTCondor
+    configuration (the job's side: no bindings to import)."""
+    explicit = path or os.environ.get("LARK_CONFIG")
+    if explicit:
+        values = _toml_values(explicit)
+        if warn:
+            _warn_deprecated(explicit, values)
+        return Config(**values).validate()
+    values = {}
+    if os.path.exists(DEFAULT_PATH):
+        values = _toml_values(DEFAULT_PATH)
+        if warn:
+            _warn_deprecated(DEFAULT_PATH, values)
+    return from_knobs(condor_knobs() if condor else {}, values)
+
+
+def knob_lines(cfg: Config, only_changed: bool = True) -> list[str]:
+    """`LARK_<FIELD> = value` lines for a condor_config.d file (what `lark config migrate` prints)."""
+    lines = []
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        if only_changed and v == getattr(_DEFAULTS, f.name):
+            continue
+        text = ("true" if v else "false") if isinstance(v, bool) else ", ".join(v) if isinstance(v, list) else v
+        lines.append(f"{knob_name(f.name)} = {text}")
+    return lines
+
+
+def field_docs() -> dict[str, str]:
+    """Each field's comment in the Config class (the one after it, else the lines above it): the knob's doc."""
+    import inspect
+    docs: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(Config).splitlines():
+        comment = re.fullmatch(r"    # (.*)", line)
+        field_line = re.fullmatch(r"    (\w+): [^=]+=.*?(?:\s{2,}# (.*))?", line)
+        if comment and not re.fullmatch(r"\[\w+\]", comment.group(1)):
+            pending.append(comment.group(1).strip())
+        elif field_line and field_line.group(1) in _FIELDS:
+            # A field's own trailing comment is its doc; a comment block above it documents it only when it
+            # has none (a block above several fields is their heading).
+            docs[field_line.group(1)] = (field_line.group(2) or " ".join(pending)).strip()
+            pending = []
+        else:
+            pending = []
+    return docs
+
+
+def knob_table() -> str:
+    """The markdown table of every knob with its default, generated from Config (docs/admin.md holds a copy
+    that a unit test compares with this, so the two cannot drift)."""
+    from .daemon.reload import LIVE_FIELDS
+    docs = field_docs()
+    rows = ["| knob | default | live on reconfig | what it does |", "|---|---|---|---|"]
+    for f in dataclasses.fields(Config):
+        default = knob_lines(_DEFAULTS, only_changed=False)[[x.name for x in dataclasses.fields(Config)].index(f.name)]
+        value = default.partition(" = ")[2]
+        rows.append(f"| `{knob_name(f.name)}` | {f'`{value}`' if value else '(empty)'} | "
+                    f"{'yes' if f.name in LIVE_FIELDS else 'restart'} | {docs.get(f.name, '').replace('|', '/')} |")
+    return "\n".join(rows) + "\n"
 
 
 def dump(cfg: Config) -> str:

@@ -175,11 +175,13 @@ def install() -> None:
              "/opt/lark-wheels", "prometheus-client", "rich"], env=env)
     # The wheel is built by the host's pip (setuptools is there); the chroot installs it offline.
     wheels = ROOT / "opt/lark-wheels"
-    for old in wheels.glob("lark-*.whl"):
+    for old in [*wheels.glob("lark-*.whl"), *wheels.glob("htcondor_lark-*.whl")]:
         old.unlink()
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels),
          str(src)])
-    wheel = next(wheels.glob("lark-*.whl")).name
+    wheel = next(wheels.glob("htcondor_lark-*.whl")).name
+    # The distribution was called "lark" before: drop that one, so one package owns lark/ in the venv.
+    run(["chroot", str(ROOT), "/opt/lark/bin/pip", "uninstall", "-q", "-y", "lark"], env=env, check=False)
     run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-deps", "--force-reinstall",
          f"/opt/lark-wheels/{wheel}"], env=env)
     for name in ("larkd", "lark", "lark-job-wrapper", "lark-starter", "lark-hook", "lark-prepare-job"):
@@ -206,15 +208,16 @@ def install() -> None:
         "# Hooks run as the job user and must find the larkd socket\n"
         "LARKD_LOG = $(LOG)/LarkdLog\n"
         "# Node figures in the machine ad (60-lark-startd-cron.conf) refreshed often enough for tests\n"
-        "STARTD_CRON_LARK_PERIOD = 5s\n")
+        "STARTD_CRON_LARK_PERIOD = 5s\n"
+        "# larkd's own knobs (docs/admin.md)\n"
+        "LARK_AD_SOURCE = startd\nLARK_POLL_INTERVAL = 1.0\n"
+        "LARK_UPLINK = up0\nLARK_SUBNET = 10.213.0.0/24\nLARK_BANDWIDTH_MBIT = 1000\n")
     (ROOT / "etc/hosts").write_text(f"127.0.0.1 localhost {os.uname().nodename}\n")
     (ROOT / "etc/resolv.conf").unlink(missing_ok=True)
     (ROOT / "etc/resolv.conf").write_text("# testbed: no resolver in the EP namespace\n")
-    etc = ROOT / "etc/lark"
-    etc.mkdir(parents=True, exist_ok=True)
-    (etc / "lark.toml").write_text(
-        "[daemon]\nad_source = \"startd\"\npoll_interval = 1.0\n"
-        "[network]\nuplink = \"up0\"\nsubnet = \"10.213.0.0/24\"\nbandwidth_mbit = 1000\n")
+    # Configuration is HTCondor's (the LARK_* knobs above); a lark.toml left by an older install would be
+    # read too (deprecated), so it goes.
+    (ROOT / "etc/lark/lark.toml").unlink(missing_ok=True)
     log.info("Lark installed into the testbed from %s", REPO)
 
 

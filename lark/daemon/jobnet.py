@@ -71,7 +71,7 @@ class JobNetworker:
         if plan.has_network and plan.network_type not in self.modes:
             raise LarkError(f"network type {plan.network_type!r} is not available on this machine", job=plan.job_id,
                             obj="NetworkType", fix=f"make the machine policy choose one of "
-                            f"{', '.join(self.supported_types)} (bridge needs bridge_range in lark.toml)")
+                            f"{', '.join(self.supported_types)} (bridge needs LARK_BRIDGE_RANGE)")
         n = self.names(plan.key)
         rec = JobRecord(key=plan.key, slot=plan.slot, job_id=plan.job_id, starter_pid=starter_pid,
                         starter_start=starter_start, job_pid=job_pid, netns_inode=job_ns, netns=n.netns,
@@ -133,7 +133,7 @@ class JobNetworker:
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
                     # job's own netns, where the job has no CAP_NET_ADMIN to change it.
-                    job_netns.block_inbound(ns_fd, self.netns_path(plan.key), plan.job_id)
+                    job_netns.block_inbound(ns_fd, plan.job_id)
                 self.fw.add_job(net, n)
                 # Before the answer to the wrapper: the pool switch has the job's flows before its program runs.
                 self.controller.register(net, n.job_mac if mode.bridged else "")
@@ -155,8 +155,8 @@ class JobNetworker:
         elif plan.wants_ipv6:
             if mode.pool6 is None:
                 raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
-                                obj="IPProtocol", fix="set subnet6 (NAT) or bridge_range6 (bridged) in "
-                                "lark.toml, or advertise IPProtocol = \"IPv4\" on this machine")
+                                obj="IPProtocol", fix="set LARK_SUBNET6 (NAT) or LARK_BRIDGE_RANGE6 (bridged), "
+                                "or advertise IPProtocol = \"IPv4\" on this machine")
             got.update(ipv6=mode.pool6.reserve(plan.key, plan.job_id), gateway6=mode.gateway6,
                        ipv6_prefix=mode.prefix6)
             # Before the job's device exists, so it inherits it: no DAD delay on its addresses.

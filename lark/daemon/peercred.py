@@ -191,6 +191,6 @@ def authorize_job(peer: Peer, starter_paths: list[str], daemon_netns: int,
     starter = find_starter(peer.pid, starter_paths)
     if starter is None:
         raise LarkError("requesting process does not descend from a configured starter",
-                        obj=f"pid {peer.pid} uid {peer.uid}", fix="check starter_paths in the larkd config")
+                        obj=f"pid {peer.pid} uid {peer.uid}", fix="check LARK_STARTER_PATHS")
     still_same_process(peer)  # after every /proc read about peer.pid: they were about the peer
     return starter, job_ns

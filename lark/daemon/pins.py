@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import LarkError
-from .records import _atomic_write, private_dir, read_own
+from ..statefiles import atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class PinStore:
                             fix="the slot is refused until its starter ends; then remove the file") from None
 
     def save(self, pin: Pin) -> None:
-        _atomic_write(self.path(pin.key), json.dumps(asdict(pin), sort_keys=True))
+        atomic_write(self.path(pin.key), json.dumps(asdict(pin), sort_keys=True))
 
     def drop(self, key: str) -> None:
         try:

@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import stat
-import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 
-from ..errors import LarkError
+from ..statefiles import atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
 
@@ -39,63 +37,6 @@ class JobRecord:
 _RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 
 
-def remove_stale_temps(directory: str) -> list[str]:
-    """Temp files of writers that died between write and rename (`<name>.tmp.<pid>.<thread>`)."""
-    removed = []
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return removed
-    for name in names:
-        _, sep, tail = name.partition(".tmp.")
-        if not sep:
-            continue
-        pid = tail.split(".")[0]
-        if pid.isdigit() and (int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}")):
-            continue  # a live writer (this daemon's own threads included) is mid-write
-        try:
-            os.unlink(os.path.join(directory, name))
-            removed.append(name)
-        except FileNotFoundError:
-            pass
-    return removed
-
-
-def _atomic_write(path: str, data: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
-    try:
-        os.unlink(tmp)  # a leftover of a writer that died with this pid and thread id
-    except FileNotFoundError:
-        pass
-    # O_EXCL|O_NOFOLLOW: never write through a link someone planted at the temp name; 0600: records are root's.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
-def read_own(path: str) -> str:
-    """A state file's text, only if it is a regular file owned by larkd's user (not a link, not planted)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise ValueError(f"not a regular file owned by uid {os.geteuid()}")
-        return f.read()
-
-
-def private_dir(path: str, mode: int = 0o700) -> str:
-    """Make (or check) a state directory: owned by larkd's user, writable by no one else, `mode` enforced."""
-    os.makedirs(path, mode=mode, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise LarkError("state directory is not a directory owned by larkd's user", obj=path,
-                        fix=f"remove it (larkd recreates it) or chown it to uid {os.geteuid()}")
-    if stat.S_IMODE(st.st_mode) != mode:
-        os.chmod(path, mode)
-    return path
-
-
 class RecordStore:
     def __init__(self, directory: str):
         self.dir = private_dir(directory)
@@ -104,7 +45,7 @@ class RecordStore:
         return os.path.join(self.dir, f"{key}.json")
 
     def save(self, rec: JobRecord) -> None:
-        _atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
+        atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
 
     def load(self, key: str) -> JobRecord | None:
         try:
@@ -146,7 +87,7 @@ class FinishedStore:
 
     def save(self, key: str, summary: dict) -> str:
         name = f"{int(summary.get('ended', time.time()) * 1000)}-{key}.json"
-        _atomic_write(os.path.join(self.dir, name), json.dumps(summary, sort_keys=True))
+        atomic_write(os.path.join(self.dir, name), json.dumps(summary, sort_keys=True))
         self._prune()
         return name
 

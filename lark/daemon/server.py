@@ -28,6 +28,7 @@ from .adpush import AdPusher
 from .admission import Admission, LogLimit, RateLimit
 from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, RecordStore
+from .reload import reload
 from .sweep import sweep
 
 log = logging.getLogger("larkd")
@@ -36,8 +37,9 @@ CHECK_REUSE_SECONDS = 120.0  # PREPARE_JOB runs seconds before the wrapper; long
 
 
 class Larkd:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, config_path: str | None = None):
         self.cfg = cfg
+        self.config_path = config_path  # None: HTCondor's configuration (what SIGHUP reads again)
         self.fw = make_firewall(cfg)
         self.records = RecordStore(cfg.records_dir)
         self.finished = FinishedStore(os.path.join(cfg.state_dir, "finished"), cfg.finished_keep)
@@ -481,6 +483,14 @@ class Larkd:
             self.global_ids[(starter.pid, starter.start)] = gid
         return decide(job_ad, machine_ad, self.cfg, starter.slot, key)
 
+    def reload_config(self) -> None:
+        """SIGHUP (condor_reconfig): apply the knobs that can change live; a bad configuration changes nothing."""
+        try:
+            reload(self.cfg, self.config_path)
+        except LarkError as e:
+            log.error("configuration not reloaded, the running one stays: %s", e)
+        self.finished.keep = self.cfg.finished_keep
+
     # -- main -----------------------------------------------------------------------------------------
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -496,8 +506,9 @@ class Larkd:
         # Any job user must be able to connect; every request is authorised from SO_PEERCRED instead.
         os.chmod(path, 0o666)
         stop = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):  # condor_master stops daemons with SIGQUIT
             self.loop.add_signal_handler(sig, stop.set)
+        self.loop.add_signal_handler(signal.SIGHUP, self.reload_config)
         poll = self.spawn(self.poller(), "counter polling")
         self.net.controller.start()  # full resync with the pool's SDN controller now and periodically
         log.info("larkd %s listening on %s (firewall %s, subnet %s, uplink %s)", __version__, path, self.fw.name,
@@ -539,9 +550,22 @@ def hold_daemon_lock(cfg: Config) -> int:
     return fd
 
 
+def log_to_file(path: str) -> None:
+    """Under condor_master larkd's stderr goes nowhere: log where HTCondor daemons log (LARK_LOG_FILE)."""
+    import logging.handlers
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    handler = logging.handlers.WatchedFileHandler(path)  # reopens after logrotate moves the file
+    handler.setFormatter(logging.getLogger().handlers[0].formatter)
+    root = logging.getLogger()
+    for h in list(root.handlers):
+        root.removeHandler(h)
+    root.addHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="larkd", description="Lark per-job network daemon")
-    ap.add_argument("--config", help="TOML config file (default /etc/lark/lark.toml or $LARK_CONFIG)")
+    ap.add_argument("--config", help="a TOML config file instead of the LARK_* knobs of HTCondor's configuration "
+                    "(deprecated; for tests, or $LARK_CONFIG)")
     ap.add_argument("--log-level", default="INFO")
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s larkd[%(process)d] %(levelname)s %(message)s")
@@ -551,8 +575,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         cfg = load(args.config)
+        if cfg.log_file:
+            log_to_file(cfg.log_file)
         lock = hold_daemon_lock(cfg)
-        d = Larkd(cfg)
+        d = Larkd(cfg, config_path=args.config or os.environ.get("LARK_CONFIG"))
         d.prepare()
         asyncio.run(d.serve())
     except LarkError as e:

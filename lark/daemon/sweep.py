@@ -12,7 +12,7 @@ from ..kernel.firewall import Firewall, other_firewalls
 from . import peercred
 from .jobnet import JobNetworker
 from ..names import HOST_IF_PREFIX, JobNames, is_job_key, key_from_host_if
-from .records import remove_stale_temps
+from ..statefiles import remove_stale_temps
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def find_orphans(net: JobNetworker, keep: set[str], others: list[Firewall] | Non
 
 
 def sweep_temps(net: JobNetworker, dry_run: bool) -> list[str]:
-    dirs = [net.records.dir, *(p.dir for p in net.pools)]
+    dirs = [net.records.dir, net.finished.dir, net.leases.dir, *(p.dir for p in net.pools)]
     if dry_run:
         return []
     return [f"stale temp file {name}" for d in dirs for name in remove_stale_temps(d)]

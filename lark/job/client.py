@@ -22,7 +22,9 @@ def socket_path(explicit: str | None = None) -> str:
         return os.environ["LARK_SOCKET"]
     try:
         from ..config import load
-        return load().socket
+        # Not HTCondor's configuration: importing its bindings would cost every job start ~0.1 s. A socket
+        # moved with LARK_SOCKET reaches the job's side through $LARK_SOCKET (docs/admin.md).
+        return load(condor=False, warn=False).socket
     except LarkError:
         return DEFAULT_SOCKET
 

@@ -33,7 +33,7 @@ def network_types() -> list[str]:
     try:
         from ..kernel.attach import available_types
         from ..config import load
-        return available_types(load())
+        return available_types(load(warn=False))
     except Exception:
         return ["nat", "none"]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -24,6 +25,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..errors import LarkError
+from ..statefiles import atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
 MAGIC = b"\x63\x82\x53\x63"
@@ -275,22 +277,16 @@ class LeaseCache:
         return os.path.join(self.dir, f"{key}.{hashlib.sha256(owner.encode()).hexdigest()[:16]}.lease")
 
     def get(self, key: str, owner: str = "") -> Lease | None:
-        import json
         try:
-            with open(self.path(key, owner)) as f:
-                lease = Lease.from_dict(json.load(f))
-        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            lease = Lease.from_dict(json.loads(read_own(self.path(key, owner))))
+        except (OSError, ValueError, KeyError, TypeError):
             return None
         return lease if lease.owner == owner else None
 
     def put(self, key: str, lease: Lease) -> None:
-        import json
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        path = self.path(key, lease.owner)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(lease.to_dict(), f)
-        os.replace(tmp, path)
+        # A unique temp name per writer, O_NOFOLLOW, and reads only of larkd's own files (lark/statefiles.py).
+        private_dir(self.dir)
+        atomic_write(self.path(key, lease.owner), json.dumps(lease.to_dict()))
 
     def drop(self, key: str, owner: str = "") -> None:
         try:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import threading
 from typing import Callable, Iterable
 
 from ..errors import LarkError
+from ..statefiles import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,7 @@ class LockPool:
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(owner)
-            tmp = self._path(f".last.tmp.{os.getpid()}.{threading.get_ident()}")
-            with open(tmp, "w") as f:
-                f.write(str(i))
-            os.replace(tmp, self._path(".last"))
+            atomic_write(self._path(".last"), str(i))
             return item
         raise LarkError(f"no free {self.what} left ({self.size} in the pool, all reserved)", job=job,
                         obj=f"pool {self.dir}", fix="run `lark gc` to reclaim leaked ones or enlarge the pool")
@@ -66,9 +63,6 @@ class LockPool:
                 except FileNotFoundError:
                     pass
         return released
-
-    def owned_by(self, owner: str) -> list[str]:
-        return [item for item, who in self.entries() if who == owner]
 
     def entries(self) -> Iterable[tuple[str, str]]:
         try:

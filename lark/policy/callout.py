@@ -19,7 +19,7 @@ def run_callout(path: str, job: classad2.ClassAd, machine: classad2.ClassAd, tim
     try:
         cp = subprocess.run([path], input=stdin, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
-        raise LarkError("does not exist", job=job_id, obj=what, fix="fix `callout` in the larkd config") from None
+        raise LarkError("does not exist", job=job_id, obj=what, fix="fix LARK_CALLOUT") from None
     except PermissionError:
         raise LarkError("is not executable", job=job_id, obj=what, fix="chmod +x it") from None
     except subprocess.TimeoutExpired:

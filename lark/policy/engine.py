@@ -36,20 +36,6 @@ JOB_ATTRS = [
     Attr("OutboundConnectivity", "boolean", True, "the job may open connections out"),
     Attr("RequestedVLAN", "string or integer", None, "the VLAN (name or id) the job wants to run in"),
 ]
-MACHINE_ATTRS = [
-    Attr("IPProtocol", "string", "IPv4", "IP protocols the machine offers"),
-    Attr("AvailBandwidth", "number (Mbit/s)", None, "negotiated speed of the uplink (the paper's name)"),
-    Attr("Bandwidth", "number (Mbit/s)", None, "bandwidth allocated to this slot (HTCondor custom resource)"),
-    Attr("DetectedBandwidth", "number (Mbit/s)", None, "what `lark detect-bandwidth` found"),
-    Attr("TotalBandwidth", "number (Mbit/s)", None, "bandwidth of the whole machine"),
-    Attr("VLAN", "string or integer", None, "VLAN of the machine's network, or of the job after the callout"),
-    Attr("NetworkType", "string", "nat", "nat, bridge, ovs_bridge or none (\"null\" also means none)"),
-    Attr("AddressType", "string", "static", "static or dhcp"),
-    Attr("BridgeInterface", "interface name", None, "uplink enslaved to the bridge (bridge modes)"),
-    Attr("ExternalInterface", "interface name", None, "host-side veth name (informational; Lark names it)"),
-    Attr("InternalInterface", "interface name", "eth0", "job-side device name"),
-    Attr("NetworkAccounting", "boolean", True, "whether the machine performs network accounting"),
-]
 
 
 def _show(v: Any) -> str:
@@ -99,7 +85,10 @@ class _Decider:
 
     def _get(self, side: str, attr: str, default: Any, check: Callable[[Any, str], Any], field: str) -> Any:
         my, target = (self.job, self.machine) if side == "job" else (self.machine, self.job)
-        value, src = evaluate(my, target, attr)
+        try:
+            value, src = evaluate(my, target, attr)
+        except LarkError as e:  # say which job and which ad
+            raise LarkError(e.what, job=self.job_id, obj=f"{side} {e.obj}", fix=e.fix) from None
         if value is _MISSING or value is None:
             self.decided_by.setdefault(field, f"default ({_show(default)})")
             return default

@@ -11,16 +11,16 @@ sys.path.insert(0, str(testbed.REPO / "tests"))
 from helpers.ovs import PrivateOVS  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-LARK_TOML = testbed.ROOT / "etc/lark/lark.toml"
+LARK_KNOBS = testbed.ROOT / "etc/condor/config.d/94-lark-bridged.conf"
 POLICY = testbed.ROOT / "etc/condor/config.d/95-bridged.conf"
-BRIDGED = """bridge_name = "lkbr0"
-bridge_uplink = "up0"
-bridge_range = "198.51.100.100-198.51.100.149"
-bridge_gateway = "198.51.100.1"
-ovs_bridge_name = "lkovs0"
-ovs_db = "unix:/run/lark-ovs/db.sock"
-ovs_rundir = "/run/lark-ovs"
-ovs_datapath = "netdev"
+BRIDGED = """LARK_BRIDGE_NAME = lkbr0
+LARK_BRIDGE_UPLINK = up0
+LARK_BRIDGE_RANGE = 198.51.100.100-198.51.100.149
+LARK_BRIDGE_GATEWAY = 198.51.100.1
+LARK_OVS_BRIDGE_NAME = lkovs0
+LARK_OVS_DB = unix:/run/lark-ovs/db.sock
+LARK_OVS_RUNDIR = /run/lark-ovs
+LARK_OVS_DATAPATH = netdev
 """
 
 
@@ -43,7 +43,6 @@ def machine_policy(text):
 
 @pytest.fixture(scope="module")
 def bridged_pool(pool, tmp_path_factory):
-    original = LARK_TOML.read_text()
     tmp = tmp_path_factory.mktemp("dnsmasq")
     ovs = PrivateOVS(str(testbed.ROOT / "run/lark-ovs"), testbed.HOST_NS)
     dnsmasq = subprocess.Popen(
@@ -54,11 +53,11 @@ def bridged_pool(pool, tmp_path_factory):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         ovs.start()
-        LARK_TOML.write_text(original.replace("[network]\n", "[network]\n" + BRIDGED))
+        LARK_KNOBS.write_text(BRIDGED)
         restart_larkd()
         yield ovs
     finally:
-        LARK_TOML.write_text(original)
+        LARK_KNOBS.unlink(missing_ok=True)
         POLICY.unlink(missing_ok=True)
         ovs.close()
         dnsmasq.terminate()

@@ -19,10 +19,10 @@ def test_pool_skips_network_gateway_broadcast(tmp_path):
 def test_release_frees_and_is_safe_to_repeat(tmp_path):
     pool = address_pool(str(tmp_path), "10.9.0.0/29")
     a = pool.reserve("k1")
-    assert pool.owned_by("k1") == [a]
+    assert list(pool.entries()) == [(a, "k1")]
     assert pool.release("k1") == [a]
     assert pool.release("k1") == []
-    assert pool.owned_by("k1") == []
+    assert list(pool.entries()) == []
     # The pool continues after the last reservation instead of reusing a just-freed address at once.
     assert pool.reserve("k2") != a
 

@@ -1,4 +1,7 @@
 import os
+import shutil
+import signal
+import subprocess
 
 import pytest
 
@@ -30,10 +33,27 @@ def test_slot_from_starter_cmdline():
     assert slot_from_cmdline(["condor_starter", "-a"]) is None
 
 
-def test_find_starter_walks_to_root_owned_ancestor():
-    # This test process descends from something, but not from a configured starter binary.
-    assert find_starter(os.getpid(), ["/nonexistent/condor_starter"]) is None
-    assert start_time(os.getpid()) > 0
+def test_find_starter_walks_to_root_owned_ancestor(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the starter must be root-owned")
+    # A real process tree: a "starter" (a copy of sh, so /proc/PID/exe names it) whose child is the "job".
+    fake_starter = tmp_path / "condor_starter"
+    shutil.copy("/bin/sh", fake_starter)
+    starter = subprocess.Popen([str(fake_starter), "-c", "sleep 30 & echo $!; wait", "-f", "-a", "slot1_3"],
+                               stdout=subprocess.PIPE, text=True)
+    job_pid = None
+    try:
+        job_pid = int(starter.stdout.readline())
+        got = find_starter(job_pid, [str(fake_starter)])
+        assert got is not None and got.pid == starter.pid and got.slot == "slot1_3"
+        assert got.start == start_time(starter.pid) > 0
+        assert find_starter(job_pid, ["/usr/sbin/condor_starter"]) is None  # another binary is no starter
+        assert find_starter(starter.pid, [str(fake_starter)]) is None  # the starter itself is not its own job
+    finally:
+        if job_pid:
+            os.kill(job_pid, signal.SIGKILL)  # the "job" is ours too: end it by PID, not left to run
+        starter.kill()
+        starter.wait()
 
 
 def test_usage_totals_rates_and_peaks():

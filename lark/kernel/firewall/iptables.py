@@ -115,29 +115,28 @@ class IptablesFirewall(Firewall):
             return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
         if plan.ipv6:
             raise LarkError("IPv6 jobs need the nftables firewall backend", job=plan.job_id,
-                            obj="firewall = iptables", fix='set firewall = "nftables" in lark.toml')
+                            obj="firewall = iptables", fix="set LARK_FIREWALL = nftables")
         if plan.network_type != "nat":
             # Bridged frames need ebtables-style filtering; Lark does that with nftables' bridge family only.
             raise LarkError(f"{plan.network_type} mode needs the nftables firewall backend", job=plan.job_id,
-                            obj="firewall = iptables", fix='set firewall = "nftables" in lark.toml')
+                            obj="firewall = iptables", fix="set LARK_FIREWALL = nftables")
         cfg, k = self.cfg, names.key
         up = cfg.uplink
 
         def line(*a: str) -> str:
             return " ".join(a)
 
-        out = [f":LARK-{k}-OUT - [0:0]", line("-A", f"LARK-{k}-OUT", *EST, "-j", "ACCEPT")]
-        if plan.outbound:
-            out.append(line("-A", f"LARK-{k}-OUT", "-o", up, *NEW, "-j", "ACCEPT"))
-        if cfg.allow_job_to_job:
-            out.append(line("-A", f"LARK-{k}-OUT", "-o", WILD, "-j", "ACCEPT"))
-        out.append(line("-A", f"LARK-{k}-OUT", "-j", "DROP"))
-        inn = [f":LARK-{k}-IN - [0:0]", line("-A", f"LARK-{k}-IN", *EST, "-j", "ACCEPT")]
-        if plan.inbound:
-            inn.append(line("-A", f"LARK-{k}-IN", "-i", up, *NEW, "-j", "ACCEPT"))
-        if cfg.allow_job_to_job:
-            inn.append(line("-A", f"LARK-{k}-IN", "-i", WILD, "-j", "ACCEPT"))
-        inn.append(line("-A", f"LARK-{k}-IN", "-j", "DROP"))
+        def direction(chain: str, new_allowed: bool, dev: str) -> list[str]:
+            """One direction's chain: replies pass, new connections through the uplink when allowed."""
+            rules = [f":{chain} - [0:0]", line("-A", chain, *EST, "-j", "ACCEPT")]
+            if new_allowed:
+                rules.append(line("-A", chain, dev, up, *NEW, "-j", "ACCEPT"))
+            if cfg.allow_job_to_job:
+                rules.append(line("-A", chain, dev, WILD, "-j", "ACCEPT"))
+            return rules + [line("-A", chain, "-j", "DROP")]
+
+        out = direction(f"LARK-{k}-OUT", plan.outbound, "-o")
+        inn = direction(f"LARK-{k}-IN", plan.inbound, "-i")
         dnat = [f":LARK-{k}-DNAT - [0:0]"]
         if plan.inbound and plan.inbound_port:
             for proto in ("tcp", "udp"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from ...errors import LarkError
 from . import libnft
-from .base import run_tool
 
 RULES = """table inet lark_job {
   chain input {
@@ -20,11 +19,8 @@ RULES = """table inet lark_job {
 """
 
 
-def block_inbound(ns_fd: int, netns_path: str, job: str) -> None:
+def block_inbound(ns_fd: int, job: str) -> None:
     """No new connections into the job; replies to its own connections pass."""
-    got = libnft.run_in_netns(ns_fd, RULES)
-    if got is None:  # no libnftables: the nft binary, entered into the job's netns
-        run_tool(["nsenter", f"--net={netns_path}", "nft", "-f", "-"], input=RULES,
-                 what=f"inbound filter of job {job}")
-    elif got[0] != 0:
-        raise LarkError(f"nft failed: {got[2].strip()[:300]}", job=job, obj="inbound filter in the job's netns")
+    rc, _, err = libnft.run_in_netns(ns_fd, RULES)
+    if rc != 0:
+        raise LarkError(f"nft failed: {err.strip()[:300]}", job=job, obj="inbound filter in the job's netns")

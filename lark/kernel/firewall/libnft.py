@@ -1,4 +1,7 @@
-"""In-process nftables through libnftables (the library behind `nft`), with the `nft` binary as fallback.
+"""In-process nftables through libnftables (the library behind `nft`).
+
+There is no fallback to the `nft` binary: it links libnftables itself, so where the library is missing the
+binary is too.
 
 Spawning `nft` costs a few milliseconds per job setup; the library call is the same JSON, same parser, same
 kernel transaction. One context is shared under a lock (libnftables contexts are not thread-safe); its
@@ -8,10 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
 import threading
 
-log = logging.getLogger(__name__)
+from ...errors import LarkError
+
 NFT_CTX_OUTPUT_JSON = 1 << 4
 
 
@@ -56,12 +59,10 @@ class LibNft:
                 self.ctx = None
 
 
-def run_in_netns(ns_fd: int, cmd: str) -> tuple[int, str, str] | None:
-    """Run `cmd` in another netns through a context made there (its socket stays in the netns it was made
-    in), or None when libnftables is missing."""
+def run_in_netns(ns_fd: int, cmd: str) -> tuple[int, str, str]:
+    """Run `cmd` in another netns through a context made there (its socket stays in the netns it was made in)."""
     from ..netns import entered
-    if get() is None:
-        return None
+    get()  # a clear error when libnftables is missing, before entering anything
     with entered(ns_fd):
         ctx = LibNft()
         try:
@@ -71,17 +72,20 @@ def run_in_netns(ns_fd: int, cmd: str) -> tuple[int, str, str] | None:
 
 
 _instance: LibNft | None = None
-_tried = False
+_load_error: str | None = None
 _init_lock = threading.Lock()
 
 
-def get() -> LibNft | None:
-    global _instance, _tried
+def get() -> LibNft:
+    """The shared context, made on first use."""
+    global _instance, _load_error
     with _init_lock:
-        if not _tried:
-            _tried = True
+        if _instance is None and _load_error is None:
             try:
                 _instance = LibNft()
             except OSError as e:
-                log.info("libnftables unavailable (%s); using the nft binary", e)
+                _load_error = str(e)
+    if _instance is None:
+        raise LarkError(f"libnftables cannot be loaded: {_load_error}", obj="nftables firewall backend",
+                        fix="install libnftables1 (the nftables package), or set the firewall to iptables")
     return _instance

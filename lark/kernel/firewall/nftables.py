@@ -14,7 +14,7 @@ from . import libnft
 from .. import forwarding
 from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
-from .base import Counters, Firewall, run_tool
+from .base import Counters, Firewall
 
 log = logging.getLogger(__name__)
 WILDCARD = HOST_IF_PREFIX + "*"
@@ -112,21 +112,13 @@ class NftablesFirewall(Firewall):
         self._bridge_base_done = False  # the bridge table's base goes in once per daemon, with its first job
 
     # -- plumbing -------------------------------------------------------------------------------------
-    def _nft(self, argv: list[str], payload: str, what: str) -> tuple[int, str, str]:
-        lib = libnft.get()
-        if lib is not None:
-            return lib.run(payload)
-        cp = run_tool(["nft", "-j", *argv], input=payload if argv == ["-f", "-"] else None, what=what,
-                      check=False)
-        return cp.returncode, cp.stdout, cp.stderr
-
     def _apply(self, cmds: list[dict], what: str) -> None:
-        rc, _, err = self._nft(["-f", "-"], json.dumps({"nftables": cmds}), what)
+        rc, _, err = libnft.get().run(json.dumps({"nftables": cmds}))
         if rc != 0:
             raise LarkError(f"nft failed: {err.strip()[:500]}", obj=what)
 
     def _list(self, *what: str) -> list[dict]:
-        rc, out, err = self._nft(["list", *what], "list " + " ".join(what), f"nft list {' '.join(what)}")
+        rc, out, err = libnft.get().run("list " + " ".join(what))
         if rc != 0:
             if "No such file" in err or "does not exist" in err:
                 return []
@@ -445,20 +437,16 @@ class NftablesFirewall(Firewall):
         # link-local and unspecified sources, which neighbour discovery needs). A family it has none of is
         # dropped whole.
         cmds += self._antispoof(f"{j}_pre", plan)
-        cmds.append(self._rule(f"{j}_out", est, {"counter": c_out}, {"accept": None}))
-        if plan.outbound:
-            cmds.append(self._rule(f"{j}_out", _meta("oifname", cfg.uplink), _ct_state("new"),
-                                   {"counter": c_out}, {"accept": None}))
-        if cfg.allow_job_to_job:
-            cmds.append(self._rule(f"{j}_out", _meta("oifname", WILDCARD), {"counter": c_out}, {"accept": None}))
-        cmds.append(self._rule(f"{j}_out", {"drop": None}))
-        cmds.append(self._rule(f"{j}_in", est, {"counter": c_in}, {"accept": None}))
-        if plan.inbound:
-            cmds.append(self._rule(f"{j}_in", _meta("iifname", cfg.uplink), _ct_state("new"),
-                                   {"counter": c_in}, {"accept": None}))
-        if cfg.allow_job_to_job:
-            cmds.append(self._rule(f"{j}_in", _meta("iifname", WILDCARD), {"counter": c_in}, {"accept": None}))
-        cmds.append(self._rule(f"{j}_in", {"drop": None}))
+        # Each direction: replies pass, new connections through the uplink when allowed, counted.
+        for chain, new_allowed, dev, counter in ((f"{j}_out", plan.outbound, "oifname", c_out),
+                                                 (f"{j}_in", plan.inbound, "iifname", c_in)):
+            cmds.append(self._rule(chain, est, {"counter": counter}, {"accept": None}))
+            if new_allowed:
+                cmds.append(self._rule(chain, _meta(dev, cfg.uplink), _ct_state("new"), {"counter": counter},
+                                       {"accept": None}))
+            if cfg.allow_job_to_job:
+                cmds.append(self._rule(chain, _meta(dev, WILDCARD), {"counter": counter}, {"accept": None}))
+            cmds.append(self._rule(chain, {"drop": None}))
         for mapname, suffix in MAPS.items():
             cmds.append({"add": {"element": {**t, "name": mapname,
                                              "elem": [[names.host_if, {"goto": {"target": f"{j}_{suffix}"}}]]}}})

@@ -1,0 +1,73 @@
+"""larkd's state files: never seen half-written, never written or read through a planted link.
+
+Records, pins, finished-job accounting, the address pools' hint and the DHCP lease cache all use `atomic_write`
+(a temp name, then a rename over the real one); `remove_stale_temps` clears the temp files of writers that died
+between the write and the rename; `read_own` and `private_dir` refuse files and directories larkd's user does
+not own.
+"""
+from __future__ import annotations
+
+import os
+import stat
+import threading
+
+from .errors import LarkError
+
+TEMP_MARK = ".tmp."   # <name>.tmp.<pid>.<thread>: unique per writer, and the pid says whether it still runs
+
+
+def atomic_write(path: str, data: str) -> None:
+    tmp = f"{path}{TEMP_MARK}{os.getpid()}.{threading.get_ident()}"
+    try:
+        os.unlink(tmp)  # a leftover of a writer that died with this pid and thread id
+    except FileNotFoundError:
+        pass
+    # O_EXCL|O_NOFOLLOW: never write through a link someone planted at the temp name; 0600: state is root's.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def read_own(path: str) -> str:
+    """A state file's text, only if it is a regular file owned by larkd's user (not a link, not planted)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise ValueError(f"not a regular file owned by uid {os.geteuid()}")
+        return f.read()
+
+
+def private_dir(path: str, mode: int = 0o700) -> str:
+    """Make (or check) a state directory: owned by larkd's user, writable by no one else, `mode` enforced."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise LarkError("state directory is not a directory owned by larkd's user", obj=path,
+                        fix=f"remove it (larkd recreates it) or chown it to uid {os.geteuid()}")
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+    return path
+
+
+def remove_stale_temps(directory: str) -> list[str]:
+    """Temp files of writers that died between write and rename."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        _, sep, tail = name.partition(TEMP_MARK)
+        if not sep:
+            continue
+        pid = tail.split(".")[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}")):
+            continue  # a live writer (this daemon's own threads included) is mid-write
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except FileNotFoundError:
+            pass
+    return removed
