@@ -308,16 +308,17 @@ def condor_config(machine: str) -> str:
         "STARTD_ATTRS = $(STARTD_ATTRS) LarkPoolEP\n")
 
 
-def lark_toml(ep: str) -> str:
-    lines = ['[daemon]', 'ad_source = "startd"', 'poll_interval = 1.0',
-             '[network]', 'uplink = "lkbr0"', 'subnet = "10.213.0.0/24"', 'bandwidth_mbit = 1000',
-             'default_network_type = "bridge"', 'bridge_name = "lkbr0"', 'bridge_uplink = "eth0"',
-             f'bridge_range = "{JOB_RANGE[ep]}"', f'job_mac_seed = "{ep}"', f'bridge_gateway = "{GATEWAY}"', f'bridge_prefix = {SITE_PREFIX}']
+def lark_knobs(ep: str) -> str:
+    """larkd's configuration on an EP as HTCondor LARK_* knobs (docs/admin.md), after the testbed's own."""
+    knobs = {"ad_source": "startd", "poll_interval": "1.0", "uplink": "lkbr0", "subnet": "10.213.0.0/24",
+             "bandwidth_mbit": "1000", "default_network_type": "bridge", "bridge_name": "lkbr0",
+             "bridge_uplink": "eth0", "bridge_range": JOB_RANGE[ep], "job_mac_seed": ep, "bridge_gateway": GATEWAY,
+             "bridge_prefix": str(SITE_PREFIX)}
     if controller_available():
-        lines += [f'controller_url = "https://{ADDRESS["cm"]}:{REGISTRATION_PORT}"',
-                  'controller_ca = "/etc/lark/certs/ca.pem"', f'controller_cert = "/etc/lark/certs/{ep}.pem"',
-                  f'controller_key = "/etc/lark/certs/{ep}.key"', 'controller_failure = "closed"']
-    return "\n".join(lines) + "\n"
+        knobs.update(controller_url=f"https://{ADDRESS['cm']}:{REGISTRATION_PORT}",
+                     controller_ca="/etc/lark/certs/ca.pem", controller_cert=f"/etc/lark/certs/{ep}.pem",
+                     controller_key=f"/etc/lark/certs/{ep}.key", controller_failure="closed")
+    return "# larkd on this EP\n" + "".join(f"LARK_{k.upper()} = {v}\n" for k, v in knobs.items())
 
 
 def make_machine(machine: str, pool_key: bytes, state: dict) -> None:
@@ -344,7 +345,8 @@ def make_machine(machine: str, pool_key: bytes, state: dict) -> None:
     for d in ("var/lib/condor/spool", "var/lib/condor/execute", "var/log/condor", "run/condor", "run/lock/condor"):
         (root / d).mkdir(parents=True, exist_ok=True)
         run(["chroot", str(root), "chown", "condor:condor", "/" + d])
-    (root / "etc/condor/config.d/95-lark-pool.conf").write_text(condor_config(machine))
+    (root / "etc/condor/config.d/95-lark-pool.conf").write_text(
+        condor_config(machine) + (lark_knobs(machine) if machine in EPS else ""))
     keydir = root / "etc/condor/passwords.d"
     keydir.mkdir(parents=True, exist_ok=True)
     keydir.chmod(0o700)
@@ -358,7 +360,6 @@ def make_machine(machine: str, pool_key: bytes, state: dict) -> None:
     (root / "etc/hosts").write_text(f"127.0.0.1 localhost\n{ADDRESS[machine]} {os.uname().nodename} "
                                     f"{machine}.lark.test {machine}\n{hosts}")
     if machine in EPS:
-        (root / "etc/lark/lark.toml").write_text(lark_toml(machine))
         if controller_available():
             certs = root / "etc/lark/certs"
             certs.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,9 @@ from lark import config  # noqa: E402
 @pytest.mark.parametrize("ep", pool.EPS)
 def test_each_eps_larkd_config_loads_and_keeps_jobs_apart(ep, monkeypatch):
     monkeypatch.setattr(pool, "controller_available", lambda: True)
-    cfg = config.from_mapping(tomllib.loads(pool.lark_toml(ep)))
+    lines = [line for line in pool.lark_knobs(ep).splitlines() if line.startswith("LARK_")]
+    knobs = {name[len("LARK_"):].lower(): value for name, _, value in (line.partition(" = ") for line in lines)}
+    cfg = config.from_knobs(knobs)
     assert cfg.default_network_type == "bridge" and cfg.job_mac_seed == ep
     assert cfg.controller_url == f"https://{pool.ADDRESS['cm']}:{pool.REGISTRATION_PORT}"
     assert cfg.controller_cert.endswith(f"/{ep}.pem") and cfg.controller_failure == "closed"
