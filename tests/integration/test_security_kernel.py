@@ -167,7 +167,7 @@ def spoof_run(request, starter):
     import subprocess
     import tempfile
     from helpers.fakehost import FakeHost
-    from lark.names import JobNames
+    from lark.names import JobNames, host_mac_seed
     mode = request.param
     if mode == "ovs_bridge" and not shutil.which("ovs-vswitchd"):
         pytest.skip("Open vSwitch is not installed")
@@ -181,7 +181,7 @@ def spoof_run(request, starter):
         host.publish_ad("slot1", ad, 'IPProtocol = "IPv4+IPv6"')
         job = host.spawn_job("slot1", ["sleep", "8"], job_ad=ad)
         j = wait_ready(host, "slot1")
-        mac = JobNames(j["host_if"][3:]).job_mac
+        mac = JobNames(j["host_if"][3:], mac_seed=host_mac_seed(host.cfg.job_mac_seed)).job_mac
         addrs = json.loads(sh(["ip", "-n", j["netns"], "-j", "-6", "addr", "show", "dev", "eth0"]).stdout)
         facts = {"link_local": [a["local"] for i in addrs for a in i.get("addr_info", [])
                                 if a.get("scope") == "link"], "mac": mac}
