@@ -4,13 +4,12 @@ after a kill -9, and a group's aggregate WAN traffic policed to its rate."""
 import json
 import re
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 
-from helpers.sdn import BRIDGE, WAN_SERVER, SdnPool, sh
+from helpers.sdn import BRIDGE, SdnPool, sh
+from helpers.wan_traffic import udp_upload
 from lark.controller.wan import METER_BASE
 
 pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
@@ -107,29 +106,6 @@ def test_meters_reconciled_after_kill_9(pool):
     assert len([f for f in pool.flows() if f"meter:{CMS}" in f]) == 1
 
 
-UDP_SENDER = """
-import socket, sys, time
-dst, mbit, seconds = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-payload, t0, sent = b"x" * 1200, time.time(), 0
-while (now := time.time()) < t0 + seconds:
-    if sent * 8 < mbit * 1e6 * (now - t0):     # paced: the offered load, not as fast as Python can go
-        s.sendto(payload, (dst, 9))
-        sent += len(payload)
-    else:
-        time.sleep(0.0005)
-"""
-
-
-def _udp_upload(pool, names: list[str], mbit: int, seconds: int) -> None:
-    """Each job offers `mbit` of UDP to the WAN host (no control channel: the meter drops freely)."""
-    senders = [subprocess.Popen(["ip", "netns", "exec", pool.jobs[n]["ns"], sys.executable, "-c", UDP_SENDER,
-                                 WAN_SERVER, str(mbit), str(seconds)]) for n in names]
-    pool.procs.extend(senders)
-    for p in senders:
-        assert p.wait(seconds + 20) == 0
-
-
 def _wan_rx_bytes(pool) -> int:
     cp = sh(["ip", "-n", pool.wan, "-j", "-s", "link", "show", "w0"])
     return json.loads(cp.stdout)[0]["stats64"]["rx"]["bytes"]
@@ -142,7 +118,7 @@ def test_group_aggregate_is_policed_to_its_rate(pool):
     assert pool.register("c1")[0] == 200 and pool.register("c2")[0] == 200
     seconds = 4
     before, t0 = _wan_rx_bytes(pool), time.time()
-    _udp_upload(pool, ["c1", "c2"], 30, seconds)
+    udp_upload(pool, ["c1", "c2"], 30, seconds)
     got_mbit = (_wan_rx_bytes(pool) - before) * 8 / seconds / 1e6
     # generous band (shared 2-core machine, iperf start-up inside the window); the bench measures accuracy
     assert 10 <= got_mbit <= 26, f"cms aggregate {got_mbit:.1f} Mbit/s through a 20 Mbit/s meter ({time.time()-t0:.1f} s)"
@@ -152,7 +128,7 @@ def test_group_aggregate_is_policed_to_its_rate(pool):
     pool.add_job("u2", "ep2", "erin", 14)
     assert pool.register("u1")[0] == 200 and pool.register("u2")[0] == 200
     before = _wan_rx_bytes(pool)
-    _udp_upload(pool, ["u1", "u2"], 30, seconds)
+    udp_upload(pool, ["u1", "u2"], 30, seconds)
     free_mbit = (_wan_rx_bytes(pool) - before) * 8 / seconds / 1e6
     print(f"cms (20 Mbit/s meter): {got_mbit:.1f} Mbit/s; unmetered: {free_mbit:.1f} Mbit/s")
     assert free_mbit > 35, f"unmetered jobs reached only {free_mbit:.1f} Mbit/s: the test cannot tell"
