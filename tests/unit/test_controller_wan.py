@@ -1,11 +1,16 @@
 """WAN group limits (issue 12): config parsing, group selection, per-job metering flows, meter counters."""
+from types import SimpleNamespace
+
 import pytest
+from os_ken.ofproto import ofproto_v1_3 as ofp, ofproto_v1_3_parser as parser
 
 from lark.controller import config as ccfg
 from lark.controller.flows import T_FORWARD
 from lark.controller.model import JobReg
+from lark.controller.ofapp import SwitchError
 from lark.controller.registry import Registry
 from lark.controller.wan import METER_BASE, MeterCounters, WanPlan, is_lark_meter
+from lark.controller.wan_of import WanMeters
 from lark.errors import LarkError
 
 SWITCH = {"wan_ports": ["wan0"], "site_prefixes": ["10.77.0.0/16", "fd77::/64"]}
@@ -91,3 +96,80 @@ def test_shipped_wan_example_loads():
     c = ccfg.load("policies/wan_groups.toml")
     assert [g.name for g in c.wan_groups] == ["cms", "other"]
     assert [g.rate_mbit for g in c.wan_groups] == [250, 100]
+
+
+# -- the OpenFlow side against a fake switch connection (real os-ken message classes) -------------------------
+
+
+class FakeApp:
+    """Records meter mods; answers meter config requests with `on_switch`; refuses meters in `refuse`."""
+
+    def __init__(self, c, on_switch=None, refuse=()):
+        self.cfg, self.registry = c, Registry(c)
+        self._errors: dict = {}
+        self.sent: list = []
+        self.on_switch = dict(on_switch or {})    # meter id -> (rate kbps, burst kbit)
+        self.refuse = set(refuse)
+        self.xid = 0
+
+    def _send(self, dp, msg):
+        self.xid += 1
+        self.sent.append(msg)
+        if getattr(msg, "meter_id", None) in self.refuse:
+            self._errors[(dp.id, self.xid)] = "OpenFlow error type 12 code 2"
+        return self.xid
+
+    def _request(self, dp, msg, timeout):
+        if isinstance(msg, parser.OFPMeterConfigStatsRequest):
+            body = [SimpleNamespace(meter_id=m, bands=[SimpleNamespace(rate=r, burst_size=b)])
+                    for m, (r, b) in self.on_switch.items()]
+            return [SimpleNamespace(body=body)]
+        return []
+
+    def mods(self):
+        return [(m.command, m.meter_id, [(b.rate, b.burst_size) for b in m.bands]) for m in self.sent
+                if isinstance(m, parser.OFPMeterMod)]
+
+
+def switch():
+    return SimpleNamespace(dp=SimpleNamespace(id=1, ofproto=ofp, ofproto_parser=parser))
+
+
+def test_meter_made_once_before_flows_and_released_after_last_job():
+    c = cfg()
+    app = FakeApp(c)
+    wm, sw = WanMeters(app, app.registry.wan), switch()
+    e, _ = app.registry.register(job(1, group="cms"))
+    wm.ensure(sw, WanPlan.meters_in(e.flows))
+    wm.ensure(sw, WanPlan.meters_in(e.flows))
+    assert app.mods() == [(ofp.OFPMC_ADD, METER_BASE, [(250_000, 62_500)])]
+    wm.release(sw)
+    assert len(app.mods()) == 1, "released a meter a registered job still needs"
+    app.registry.unregister("ep1", "slot1")
+    wm.release(sw)
+    assert app.mods()[-1][:2] == (ofp.OFPMC_DELETE, METER_BASE)
+
+
+def test_refused_meter_names_the_group():
+    app = FakeApp(cfg(), refuse={METER_BASE + 2})
+    with pytest.raises(SwitchError, match=r"0x4c02 \(group other\)"):
+        WanMeters(app, app.registry.wan).ensure(switch(), {METER_BASE + 2})
+
+
+def test_switch_up_rerates_drops_orphans_and_leaves_unused_for_reconcile():
+    c = cfg()
+    app = FakeApp(c, on_switch={METER_BASE: (1000, 250),            # cms, wrong rate (config changed)
+                                METER_BASE + 1: (900_000, 225_000),  # big: right rate, no job yet
+                                METER_BASE + 9: (5, 1),              # a group no longer configured
+                                7: (5, 1)})                          # the site's own meter
+    app.registry.register(job(1, group="atlas"))                     # needs "other", missing
+    wm, sw = WanMeters(app, app.registry.wan), switch()
+    wm.switch_up(sw)
+    assert sorted((cmd, m) for cmd, m, _ in app.mods()) == sorted([
+        (ofp.OFPMC_MODIFY, METER_BASE), (ofp.OFPMC_DELETE, METER_BASE + 9), (ofp.OFPMC_ADD, METER_BASE + 2)])
+    app.sent.clear()
+    wm.release(sw)                         # a job leaving does not remove meters found at connect ...
+    assert app.mods() == []
+    wm.reconcile(sw)                       # ... reconciliation (after the grace period) does
+    assert sorted(m for cmd, m, _ in app.mods()) == [METER_BASE, METER_BASE + 1]
+    assert all(cmd == ofp.OFPMC_DELETE for cmd, _, _ in app.mods())
