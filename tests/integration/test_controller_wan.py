@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers.sdn import BRIDGE, SdnPool, sh
+from helpers.sdn import BRIDGE, GW, WAN_SERVER, SdnPool, sh
 from helpers.wan_traffic import udp_upload
 from lark.controller.wan import METER_BASE
 
@@ -134,3 +134,18 @@ def test_group_aggregate_is_policed_to_its_rate(pool):
     assert free_mbit > 35, f"unmetered jobs reached only {free_mbit:.1f} Mbit/s: the test cannot tell"
     assert wait_for(lambda: pool.api("GET", "/v1/status", cert="controller")[1]["wan_groups"][0]["bytes"]
                     >= (got_mbit * 1e6 / 8) * seconds * 0.9)
+
+
+def test_unmatched_drop_keeps_ungrouped_jobs_off_the_wan_but_on_the_site(tmp_path):
+    p = SdnPool(str(tmp_path), policies=GROUPS + '[wan]\nunmatched = "drop"\n', reconcile_grace=2.0)
+    try:
+        p.start()
+        p.add_job("c1", "ep1", "alice", 10, group="cms")
+        p.add_job("u1", "ep1", "dave", 13)
+        assert p.register("c1")[0] == 200 and p.register("u1")[0] == 200
+        assert p.connects("c1", WAN_SERVER, 7000)
+        assert not p.connects("u1", WAN_SERVER, 7000)
+        assert p.connects("u1", GW, 7000), "the site stays reachable for a job without a WAN group"
+        assert p.connects("u1", p.ip("c1"))
+    finally:
+        p.close()

@@ -173,3 +173,14 @@ def test_switch_up_rerates_drops_orphans_and_leaves_unused_for_reconcile():
     wm.reconcile(sw)                       # ... reconciliation (after the grace period) does
     assert sorted(m for cmd, m, _ in app.mods()) == [METER_BASE, METER_BASE + 1]
     assert all(cmd == ofp.OFPMC_DELETE for cmd, _, _ in app.mods())
+
+
+def test_status_prints_each_groups_rate_now_and_bytes(capsys):
+    from lark.controller.cli import print_status
+    st = {"totals": {"jobs": 2, "job_flows": 12, "base_flows": 9, "flows_per_switch": 21}, "rss_kib": 1,
+          "switches": [], "jobs": [],
+          "wan_groups": [{"group": "cms", "meter": METER_BASE, "rate_mbit": 250.0, "jobs": 2, "rate_now_mbit": 249.5,
+                          "bytes": 123456789}]}
+    print_status(st)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("cms")][0]
+    assert line.split() == ["cms", "0x4c00", "250", "2", "249.50", "123456789"]
