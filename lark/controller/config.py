@@ -50,6 +50,9 @@ class ControllerConfig:
     reconcile_grace: float = 30.0
     reconcile_interval: float = 60.0
     policies: list[Policy] = field(default_factory=list)
+    # [[wan_group]] sections (issue 12, lark.controller.wan): per-group WAN meters; [wan] unmatched = pass | drop
+    wan_groups: list = field(default_factory=list)
+    wan_unmatched: str = "pass"
 
     @property
     def attributes(self) -> list[str]:
@@ -83,6 +86,11 @@ class ControllerConfig:
             raise bad("wan_ports", f"{self.wan_ports} names a port twice", "list each OVS port name once")
         if self.barrier_timeout <= 0 or self.reconcile_grace < 0 or self.reconcile_interval <= 0:
             raise bad("barrier_timeout", "timeouts and intervals must be positive", "use seconds, e.g. 2")
+        from .wan import WanPlan
+        WanPlan(self.wan_groups, self.wan_unmatched)   # raises a LarkError naming the [wan] key
+        if (self.wan_groups or self.wan_unmatched == "drop") and not self.site_prefixes:
+            raise bad("site_prefixes", "[[wan_group]] needs to know which destinations are not the WAN",
+                      'set site_prefixes = ["10.77.0.0/16"] under [switch]')
         names = set()
         for p in self.policies:
             where = f"policy {p.name!r}"
@@ -111,13 +119,14 @@ _SECTIONS = {
             "admin_names": "admin_names"},
     "switch": {"wan_ports": "wan_ports", "site_prefixes": "site_prefixes", "barrier_timeout": "barrier_timeout",
                "reconcile_grace": "reconcile_grace", "reconcile_interval": "reconcile_interval"},
+    "wan": {"unmatched": "wan_unmatched"},
 }
 
 
 def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
     kw: dict = {}
     for section, keys in data.items():
-        if section == "policy":
+        if section in ("policy", "wan_group"):
             continue
         if section not in _SECTIONS or not isinstance(keys, dict):
             raise LarkError(f"unknown section [{section}]", obj="controller config",
@@ -138,7 +147,9 @@ def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
                             obj="controller config", fix="each [[policy]] has name, kind, select (and port)")
         policies.append(Policy(name=p.get("name", f"policy{i + 1}"), kind=p["kind"], select=p["select"],
                                port=p.get("port", ""), slice_by=p.get("slice_by", "Owner")))
-    return ControllerConfig(**kw, policies=policies).validate()
+    from .wan import parse_groups
+    wan_groups = parse_groups(data.get("wan_group", []))
+    return ControllerConfig(**kw, policies=policies, wan_groups=wan_groups).validate()
 
 
 def load(path: str) -> ControllerConfig:

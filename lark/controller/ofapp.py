@@ -18,6 +18,7 @@ from .config import ControllerConfig
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
 from .registry import Entry, Registry
+from .wan_of import WanMeters
 
 log = logging.getLogger("lark.controller")
 
@@ -59,7 +60,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
         assert CONFIG is not None and REGISTRY is not None, "start the app through `lark-controller run`"
         self.cfg = CONFIG
         self.registry = REGISTRY
-        self.base = base_flows(self.cfg)
+        self.base = base_flows(self.cfg) + self.registry.wan.base_flows(self.cfg.site_prefixes)
+        self.wan = WanMeters(self, self.registry.wan)
         self.switches: dict[int, Switch] = {}
         self._waiters: dict[tuple[int, int], _Waiter] = {}
         self._errors: dict[tuple[int, int], str] = {}
@@ -68,6 +70,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
         self.last_reconcile: dict[int, dict] = {}
         INSTANCE = self
         hub.spawn(self._reconcile_loop)
+        if self.registry.wan.groups:
+            hub.spawn(self._meter_poll_loop)
 
     # -- switch life cycle ----------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
@@ -87,6 +91,7 @@ class LarkSwitchApp(app_manager.OSKenApp):
         """A (re)connected switch: base flows plus every registered job's flows, then reconcile if due."""
         try:
             entries = self.registry.entries()
+            self.wan.switch_up(sw)
             self._batch(sw, [(BASE_COOKIE, f, "base") for f in self.base]
                         + [(e.cookie, f, e.job.name) for e in entries for f in e.flows], [])
             self.reconcile_base(sw)
@@ -106,7 +111,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
             hub.spawn(self._batch, sw, [(BASE_COOKIE, f, "base") for f in self.base], [])
 
     # -- replies ----------------------------------------------------------------------------------------
-    @set_ev_cls([ofp_event.EventOFPBarrierReply, ofp_event.EventOFPFlowStatsReply], MAIN_DISPATCHER)
+    @set_ev_cls([ofp_event.EventOFPBarrierReply, ofp_event.EventOFPFlowStatsReply,
+                 ofp_event.EventOFPMeterConfigStatsReply, ofp_event.EventOFPMeterStatsReply], MAIN_DISPATCHER)
     def _reply(self, ev) -> None:
         msg = ev.msg
         w = self._waiters.get((msg.datapath.id, msg.xid))
@@ -151,6 +157,9 @@ class LarkSwitchApp(app_manager.OSKenApp):
             inst = ([p.OFPInstructionWriteMetadata(md, mask)] if mask else []) + [p.OFPInstructionGotoTable(table)]
         elif kind == "normal":
             inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
+        elif kind == "meter_normal":   # WAN group limit (lark.controller.wan)
+            inst = [p.OFPInstructionMeter(f.action[1], o.OFPIT_METER),
+                    p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
         elif kind == "output":
             port = sw.ports.get(f.action[1])
             if port is None:
@@ -194,9 +203,12 @@ class LarkSwitchApp(app_manager.OSKenApp):
         adds = [(e.cookie, f, e.job.name) for e in install for f in e.flows]
         removes = [e.cookie for e in remove]
         errors = []
+        meters = {m for e in install for m in self.wan.plan.meters_in(e.flows)}
         for sw in switches:
             try:
+                self.wan.ensure(sw, meters)
                 self._batch(sw, adds, removes)
+                self.wan.release(sw)
             except SwitchError as e:
                 errors.append(str(e))
         return {"switches": len(switches), "flows": len(adds), "removed": len(removes), "errors": errors}
@@ -243,6 +255,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
         stale = [c for c in on_switch if c not in known]
         if stale:
             self._batch(sw, [], stale)
+        self.wan.reconcile(sw)
+        if stale:
             log.info("switch %016x: removed the flows of %d jobs that are gone (cookies %s)", sw.dp.id, len(stale),
                      ", ".join(f"{c:#x}" for c in stale[:10]))
         result = {"at": time.time(), "stale_removed": len(stale), "job_cookies": len(on_switch) - len(stale)}
@@ -256,6 +270,16 @@ class LarkSwitchApp(app_manager.OSKenApp):
                     self.reconcile(sw)
                 except Exception as e:
                     log.error("switch %016x: reconciliation failed: %s", sw.dp.id, e)
+
+    def _meter_poll_loop(self) -> None:
+        while True:
+            for sw in list(self.switches.values()):
+                if sw.ready.is_set():
+                    try:
+                        self.wan.poll(sw)
+                    except Exception as e:
+                        log.warning("switch %016x: WAN meter stats: %s", sw.dp.id, e)
+            time.sleep(2.0)
 
     def _reconcile_loop(self) -> None:
         time.sleep(self.cfg.reconcile_grace)

@@ -10,6 +10,7 @@ from ..errors import LarkError
 from .config import ControllerConfig
 from .flows import Decision, Flow, decide, job_flows
 from .model import JobReg
+from .wan import WanPlan
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,7 @@ class Registry:
     def __init__(self, cfg: ControllerConfig):
         self.cfg = cfg
         self._exprs = {p.name: p.expr() for p in cfg.policies}
+        self.wan = WanPlan(cfg.wan_groups, cfg.wan_unmatched)
         self._jobs: dict[tuple[str, str], Entry] = {}
         self._slices: dict[int, str] = {}      # slice id -> name, to refuse a (2^-32) hash collision
         self._lock = threading.Lock()
@@ -52,7 +54,8 @@ class Registry:
             if other is not None and other != d.slice_name:
                 raise LarkError(f"slice {d.slice_name!r} hashes to the same id as slice {other!r}", job=job.job_id,
                                 obj="per-user slices", fix="rename one of the slice policies (the id is a hash)")
-        return Entry(job, d, job_flows(job, d), job.cookie)
+        wan = self.wan.job_flows(job) if not d.blocked_by else []   # into its group's WAN meter (issue 12)
+        return Entry(job, d, job_flows(job, d) + wan, job.cookie)
 
     def _put(self, e: Entry, ch: Change) -> None:
         old = self._jobs.get(e.job.ident)

@@ -93,4 +93,5 @@ class Controller:
                            "flows_per_switch": job_flows + base,
                            "eps": sorted({e.job.ep for e in entries})},
                 "uptime": time.time() - self.started, "rss_kib": _rss_kib(),
-                "attributes": self.cfg.attributes}
+                "attributes": self.cfg.attributes,
+                "wan_groups": app.wan.status() if getattr(app, "wan", None) is not None else []}

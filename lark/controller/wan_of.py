@@ -1,0 +1,137 @@
+"""The OpenFlow 1.3 side of the WAN group limits: meters on each switch, made, removed, reconciled and counted
+through os-ken (the app's own connection; no ovs-ofctl). Called by ofapp.LarkSwitchApp at its hooks."""
+from __future__ import annotations
+
+import logging
+import threading
+
+from .wan import MeterCounters, WanPlan, is_lark_meter, meter_id
+
+log = logging.getLogger("lark.controller.wan")
+
+
+class WanMeters:
+    def __init__(self, app, plan: WanPlan):
+        self.app = app
+        self.plan = plan
+        self.on_switch: dict[int, set[int]] = {}     # dpid -> Lark meter ids we know to exist there
+        # dpid -> meters this process made or used for a registered job: only these are released when a group's
+        # last job leaves; others (found at start) wait for reconcile(), after every larkd had time to resync.
+        self.used: dict[int, set[int]] = {}
+        self.counters = MeterCounters()
+        self._lock = threading.Lock()
+
+    # -- wire --------------------------------------------------------------------------------------------
+    def _meter_mod(self, dp, command: int, mid: int):
+        p, o = dp.ofproto_parser, dp.ofproto
+        if command == o.OFPMC_DELETE:
+            return p.OFPMeterMod(dp, command=command, flags=0, meter_id=mid, bands=[])
+        g = self.plan.groups[mid - meter_id(0)]
+        band = p.OFPMeterBandDrop(rate=g.rate_kbps, burst_size=g.burst_kbit)
+        return p.OFPMeterMod(dp, command=command, flags=o.OFPMF_KBPS | o.OFPMF_BURST | o.OFPMF_STATS,
+                             meter_id=mid, bands=[band])
+
+    def _timeout(self) -> float:
+        return max(self.app.cfg.barrier_timeout, 5.0)
+
+    def switch_meters(self, sw) -> dict[int, tuple[int, int]]:
+        """Lark's meters on the switch: id -> (rate kbit/s, burst kbit) of its first band."""
+        dp = sw.dp
+        p, o = dp.ofproto_parser, dp.ofproto
+        out = {}
+        for reply in self.app._request(dp, p.OFPMeterConfigStatsRequest(dp, 0, o.OFPM_ALL), self._timeout()):
+            for m in reply.body:
+                if is_lark_meter(m.meter_id):
+                    band = m.bands[0] if m.bands else None
+                    out[m.meter_id] = (band.rate, band.burst_size) if band else (0, 0)
+        return out
+
+    def poll(self, sw) -> None:
+        dp = sw.dp
+        p, o = dp.ofproto_parser, dp.ofproto
+        for reply in self.app._request(dp, p.OFPMeterStatsRequest(dp, 0, o.OFPM_ALL), self._timeout()):
+            for m in reply.body:
+                if is_lark_meter(m.meter_id):
+                    self.counters.update(dp.id, m.meter_id, m.byte_in_count)
+
+    def _send(self, sw, mods: list[tuple[int, int]]) -> None:
+        """Meter mods then a barrier; an OpenFlow error names the meter and its group."""
+        dp = sw.dp
+        sent = {}
+        for command, mid in mods:
+            sent[self.app._send(dp, self._meter_mod(dp, command, mid))] = mid
+        self.app._request(dp, dp.ofproto_parser.OFPBarrierRequest(dp), self.app.cfg.barrier_timeout)
+        failed = [(mid, self.app._errors.pop((dp.id, xid))) for xid, mid in sent.items()
+                  if (dp.id, xid) in self.app._errors]
+        if failed:
+            from .ofapp import SwitchError
+            raise SwitchError(f"switch {dp.id:016x} refused meters " + "; ".join(
+                f"{mid:#x} (group {self._group(mid)}): {e}" for mid, e in failed))
+
+    def _group(self, mid: int) -> str:
+        i = mid - meter_id(0)
+        return self.plan.groups[i].name if 0 <= i < len(self.plan.groups) else "?"
+
+    # -- life cycle ---------------------------------------------------------------------------------------
+    def needed(self) -> set[int]:
+        return {m for e in self.app.registry.entries() for m in WanPlan.meters_in(e.flows)}
+
+    def ensure(self, sw, meters: set[int]) -> None:
+        """Create the meters the next flows name, before those flows (a flow naming a missing meter is refused)."""
+        o = sw.dp.ofproto
+        with self._lock:
+            have = self.on_switch.setdefault(sw.dp.id, set())
+            missing = sorted(meters - have)
+            self.used.setdefault(sw.dp.id, set()).update(meters)
+            if missing:
+                self._send(sw, [(o.OFPMC_ADD, m) for m in missing])
+                have.update(missing)
+                log.info("switch %016x: created WAN meters %s", sw.dp.id,
+                         ", ".join(f"{m:#x}={self._group(m)}" for m in missing))
+
+    def release(self, sw, everything: bool = False) -> None:
+        """After flows were removed: delete Lark's meters no registered job needs (a group's last job left);
+        everything=True also those found on the switch at start (reconciliation, after the grace period)."""
+        o = sw.dp.ofproto
+        with self._lock:
+            have = self.on_switch.setdefault(sw.dp.id, set())
+            used = self.used.setdefault(sw.dp.id, set())
+            unused = sorted((have if everything else have & used) - self.needed())
+            used.difference_update(unused)
+            if unused:
+                self._send(sw, [(o.OFPMC_DELETE, m) for m in unused])
+                have.difference_update(unused)
+                for m in unused:
+                    self.counters.forget(sw.dp.id, m)
+                log.info("switch %016x: deleted WAN meters %s (no job of the group left)", sw.dp.id,
+                         ", ".join(f"{m:#x}" for m in unused))
+
+    def switch_up(self, sw) -> None:
+        """A (re)connected switch: learn Lark's meters there, fix rates changed in the config, create missing
+        ones for registered jobs. Unused ones are removed by reconcile() once larkds had time to resync."""
+        o = sw.dp.ofproto
+        on = self.switch_meters(sw)
+        want = {meter_id(i): (g.rate_kbps, g.burst_kbit) for i, g in enumerate(self.plan.groups)}
+        with self._lock:
+            self.on_switch[sw.dp.id] = set(on)
+        changed = [m for m, conf in on.items() if m in want and conf != want[m]]
+        if changed:
+            self._send(sw, [(o.OFPMC_MODIFY, m) for m in changed])
+            log.info("switch %016x: re-rated WAN meters %s to the config", sw.dp.id, changed)
+        orphans = [m for m in on if m not in want]   # meters of groups no longer configured: no flow may use them
+        if orphans:
+            self._send(sw, [(o.OFPMC_DELETE, m) for m in orphans])
+            with self._lock:
+                self.on_switch[sw.dp.id].difference_update(orphans)
+        self.ensure(sw, self.needed())
+
+    def reconcile(self, sw) -> None:
+        self.ensure(sw, self.needed())
+        self.release(sw, everything=True)
+
+    def status(self) -> list[dict]:
+        per_meter: dict[int, int] = {}
+        for e in self.app.registry.entries():
+            for m in WanPlan.meters_in(e.flows):
+                per_meter[m] = per_meter.get(m, 0) + 1
+        return self.counters.status(self.plan, per_meter)

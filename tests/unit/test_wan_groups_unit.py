@@ -1,0 +1,186 @@
+"""WAN group limits (issue 12): config parsing, group selection, per-job metering flows, meter counters."""
+from types import SimpleNamespace
+
+import pytest
+from os_ken.ofproto import ofproto_v1_3 as ofp, ofproto_v1_3_parser as parser
+
+from lark.controller import config as ccfg
+from lark.controller.flows import T_FORWARD
+from lark.controller.model import JobReg
+from lark.controller.ofapp import SwitchError
+from lark.controller.registry import Registry
+from lark.controller.wan import METER_BASE, MeterCounters, WanPlan, is_lark_meter
+from lark.controller.wan_of import WanMeters
+from lark.errors import LarkError
+
+SWITCH = {"wan_ports": ["wan0"], "site_prefixes": ["10.77.0.0/16", "fd77::/64"]}
+GROUPS = [{"name": "cms", "select": 'AcctGroup =?= "cms" || regexp("^cms", AccountingGroup ?: "")', "rate_mbit": 250},
+          {"name": "big", "select": "RequestBandwidth > 500", "rate_mbit": 900},
+          {"name": "other", "select": "true", "rate_mbit": 100}]
+
+
+def cfg(groups=GROUPS, **extra):
+    return ccfg.from_mapping({"switch": SWITCH, "wan_group": groups, **extra})
+
+
+def job(n=1, group="", addrs=None, bw=0.0):
+    return JobReg.from_wire({"key": f"slot{n}", "job_id": f"{n}.0", "owner": "alice", "accounting_group": group,
+                             "addresses": addrs or [f"10.77.1.{n}"], "mac": f"02:00:00:00:00:{n:02x}",
+                             "request_bandwidth_mbit": bw}, "ep1")
+
+
+def test_first_matching_group_wins_and_catch_all_is_other():
+    c = cfg()
+    plan = WanPlan(c.wan_groups, c.wan_unmatched)
+    assert plan.group_of(job(group="cms")) == 0
+    assert plan.group_of(job(group="cms.prod")) == 0
+    assert plan.group_of(job(bw=800)) == 1
+    assert plan.group_of(job(group="atlas")) == 2
+    assert [g.burst_kbit for g in c.wan_groups] == [62500, 225000, 25000]   # 25% of the rate, in kbit
+
+
+def test_one_metering_flow_per_address_and_none_when_unmatched_passes():
+    plan = WanPlan(cfg().wan_groups)
+    flows = plan.job_flows(job(group="cms", addrs=["10.77.1.5", "fd77::5"]))
+    assert [(f.table, f.action) for f in flows] == [(T_FORWARD, ("meter_normal", METER_BASE))] * 2
+    assert plan.meters_in(flows) == {METER_BASE}
+    only_cms = WanPlan(cfg(GROUPS[:1]).wan_groups, "pass")
+    assert only_cms.job_flows(job(group="atlas")) == []
+    dropping = WanPlan(cfg(GROUPS[:1], wan={"unmatched": "drop"}).wan_groups, "drop")
+    assert [f.action for f in dropping.job_flows(job(group="atlas"))] == [("drop",)]
+    # site destinations bypass the meters: one flow per prefix (+ IPv6 link-local and multicast), none per job
+    assert len(plan.base_flows(SWITCH["site_prefixes"])) == 4
+    assert WanPlan([], "pass").base_flows(SWITCH["site_prefixes"]) == []
+
+
+def test_registry_adds_the_metering_flow_to_the_jobs_flows():
+    r = Registry(cfg())
+    entry, _ = r.register(job(group="cms"))
+    assert WanPlan.meters_in(entry.flows) == {METER_BASE}
+    assert Registry(ccfg.from_mapping({"switch": SWITCH})).register(job())[0].flows[-1].action[0] != "meter_normal"
+
+
+def test_meter_ids_mark_larks_meters():
+    assert is_lark_meter(METER_BASE) and not is_lark_meter(1) and not is_lark_meter(METER_BASE + 0x400)
+
+
+def test_counters_give_rate_between_polls():
+    c = MeterCounters()
+    c.update(1, METER_BASE, 1000, now=10.0)
+    c.update(1, METER_BASE, 1000 + 12_500_000, now=11.0)
+    st = c.status(WanPlan(cfg().wan_groups), {METER_BASE: 2})
+    assert st[0]["rate_now_mbit"] == 100.0 and st[0]["bytes"] == 12_501_000 and st[0]["jobs"] == 2
+    assert st[1]["bytes"] == 0
+
+
+@pytest.mark.parametrize("groups,extra,words", [
+    ([{"name": "x", "select": "true", "rate_mbit": 0}], {}, "rate_mbit"),
+    ([{"name": "x", "select": "true", "rate_mbit": "fast"}], {}, "rate_mbit"),
+    ([{"name": "x", "select": "Owner ==", "rate_mbit": 5}], {}, "not a ClassAd expression"),
+    ([{"name": "x", "select": "true"}], {}, "name, select and rate_mbit"),
+    ([{"name": "x", "select": "true", "rate_mbit": 5}] * 2, {}, "defined twice"),
+    (GROUPS, {"wan": {"unmatched": "limit"}}, "unmatched"),
+])
+def test_bad_wan_config_is_refused_clearly(groups, extra, words):
+    with pytest.raises(LarkError) as e:
+        cfg(groups, **extra)
+    assert words in str(e.value)
+
+
+def test_groups_need_site_prefixes():
+    with pytest.raises(LarkError, match="site_prefixes"):
+        ccfg.from_mapping({"wan_group": GROUPS})
+
+
+def test_shipped_wan_example_loads():
+    c = ccfg.load("policies/wan_groups.toml")
+    assert [g.name for g in c.wan_groups] == ["cms", "other"]
+    assert [g.rate_mbit for g in c.wan_groups] == [250, 100]
+
+
+# -- the OpenFlow side against a fake switch connection (real os-ken message classes) -------------------------
+
+
+class FakeApp:
+    """Records meter mods; answers meter config requests with `on_switch`; refuses meters in `refuse`."""
+
+    def __init__(self, c, on_switch=None, refuse=()):
+        self.cfg, self.registry = c, Registry(c)
+        self._errors: dict = {}
+        self.sent: list = []
+        self.on_switch = dict(on_switch or {})    # meter id -> (rate kbps, burst kbit)
+        self.refuse = set(refuse)
+        self.xid = 0
+
+    def _send(self, dp, msg):
+        self.xid += 1
+        self.sent.append(msg)
+        if getattr(msg, "meter_id", None) in self.refuse:
+            self._errors[(dp.id, self.xid)] = "OpenFlow error type 12 code 2"
+        return self.xid
+
+    def _request(self, dp, msg, timeout):
+        if isinstance(msg, parser.OFPMeterConfigStatsRequest):
+            body = [SimpleNamespace(meter_id=m, bands=[SimpleNamespace(rate=r, burst_size=b)])
+                    for m, (r, b) in self.on_switch.items()]
+            return [SimpleNamespace(body=body)]
+        return []
+
+    def mods(self):
+        return [(m.command, m.meter_id, [(b.rate, b.burst_size) for b in m.bands]) for m in self.sent
+                if isinstance(m, parser.OFPMeterMod)]
+
+
+def switch():
+    return SimpleNamespace(dp=SimpleNamespace(id=1, ofproto=ofp, ofproto_parser=parser))
+
+
+def test_meter_made_once_before_flows_and_released_after_last_job():
+    c = cfg()
+    app = FakeApp(c)
+    wm, sw = WanMeters(app, app.registry.wan), switch()
+    e, _ = app.registry.register(job(1, group="cms"))
+    wm.ensure(sw, WanPlan.meters_in(e.flows))
+    wm.ensure(sw, WanPlan.meters_in(e.flows))
+    assert app.mods() == [(ofp.OFPMC_ADD, METER_BASE, [(250_000, 62_500)])]
+    wm.release(sw)
+    assert len(app.mods()) == 1, "released a meter a registered job still needs"
+    app.registry.unregister("ep1", "slot1")
+    wm.release(sw)
+    assert app.mods()[-1][:2] == (ofp.OFPMC_DELETE, METER_BASE)
+
+
+def test_refused_meter_names_the_group():
+    app = FakeApp(cfg(), refuse={METER_BASE + 2})
+    with pytest.raises(SwitchError, match=r"0x4c02 \(group other\)"):
+        WanMeters(app, app.registry.wan).ensure(switch(), {METER_BASE + 2})
+
+
+def test_switch_up_rerates_drops_orphans_and_leaves_unused_for_reconcile():
+    c = cfg()
+    app = FakeApp(c, on_switch={METER_BASE: (1000, 250),            # cms, wrong rate (config changed)
+                                METER_BASE + 1: (900_000, 225_000),  # big: right rate, no job yet
+                                METER_BASE + 9: (5, 1),              # a group no longer configured
+                                7: (5, 1)})                          # the site's own meter
+    app.registry.register(job(1, group="atlas"))                     # needs "other", missing
+    wm, sw = WanMeters(app, app.registry.wan), switch()
+    wm.switch_up(sw)
+    assert sorted((cmd, m) for cmd, m, _ in app.mods()) == sorted([
+        (ofp.OFPMC_MODIFY, METER_BASE), (ofp.OFPMC_DELETE, METER_BASE + 9), (ofp.OFPMC_ADD, METER_BASE + 2)])
+    app.sent.clear()
+    wm.release(sw)                         # a job leaving does not remove meters found at connect ...
+    assert app.mods() == []
+    wm.reconcile(sw)                       # ... reconciliation (after the grace period) does
+    assert sorted(m for cmd, m, _ in app.mods()) == [METER_BASE, METER_BASE + 1]
+    assert all(cmd == ofp.OFPMC_DELETE for cmd, _, _ in app.mods())
+
+
+def test_status_prints_each_groups_rate_now_and_bytes(capsys):
+    from lark.controller.cli import print_status
+    st = {"totals": {"jobs": 2, "job_flows": 12, "base_flows": 9, "flows_per_switch": 21}, "rss_kib": 1,
+          "switches": [], "jobs": [],
+          "wan_groups": [{"group": "cms", "meter": METER_BASE, "rate_mbit": 250.0, "jobs": 2, "rate_now_mbit": 249.5,
+                          "bytes": 123456789}]}
+    print_status(st)
+    line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("cms")][0]
+    assert line.split() == ["cms", "0x4c00", "250", "2", "249.50", "123456789"]
