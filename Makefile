@@ -17,7 +17,7 @@ $(VENV)/.installed: setup.py
 	  || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES))
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[test,report]'
+	$(VPY) -m pip install -q -e '.[test,report,controller]'
 	touch $@
 
 # The whole suite: unit, real-kernel integration, and end-to-end jobs on the HTCondor testbed (built into

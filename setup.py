@@ -13,11 +13,12 @@ setup(
         "htcondor>=24.0",
         "rich>=13",                 # lark report: terminal tables
         "prometheus-client>=0.17",  # larkd: live metrics (off unless metrics_address is set)
-        "os-ken>=4.2,<5",          # lark-controller: the OpenFlow 1.3 side (maintained Ryu fork)
-        "cryptography>=41",        # lark-controller certs: the CA and the mutual-TLS key pairs
     ],
     extras_require={"test": ["pytest", "hypothesis", "scapy"], "bench": ["matplotlib"],
-                    "report": ["matplotlib"]},  # lark report --html charts
+                    "report": ["matplotlib"],  # lark report --html charts
+                    # lark-controller (one host of the pool, not every EP): the OpenFlow 1.3 side (os-ken, the
+                    # maintained Ryu fork, ~33 packages) and the CA / mutual-TLS key pairs (`certs`).
+                    "controller": ["os-ken>=4.2,<5", "cryptography>=41"]},
     entry_points={
         "console_scripts": [
             "larkd=lark.daemon.server:main",
