@@ -260,7 +260,7 @@ def start() -> None:
     world_log = open(CACHE / "world.log", "a")
     # HTTP files on :8000, who-am-I on :7000 and a byte sink on :7001 (uploads), as on the fake EP.
     http = subprocess.Popen(["nsenter", f"--net=/run/netns/{WORLD_NS}", sys.executable,
-                             str(REPO / "tests/helpers/worldserver.py"), str(www)], stdout=world_log,
+                             str(REPO / "tests/helpers/worldserver.py"), "--log-requests", str(www)], stdout=world_log,
                             stderr=world_log)
     state["world_pids"] = [http.pid]
     if shutil.which("iperf3"):

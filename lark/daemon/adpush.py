@@ -53,8 +53,10 @@ class AdPusher:
             self.edit(schedd_of(global_job_id), job_id, attrs)
         except Exception as e:  # the schedd may be down or the job gone: never fatal for larkd
             now = time.monotonic()
-            if now - self._warned.get(key, -1e9) > 60:
-                self._warned[key] = now
+            # Per job, not per slot: the failures of a slot's previous job (gone from the queue) must not hide
+            # the next job's.
+            if now - self._warned.get(job_id, -1e9) > 60:
+                self._warned[job_id] = now
                 log.warning("could not push figures of job %s to schedd %s: %s", job_id,
                             schedd_of(global_job_id) or "(local)", e)
             return False

@@ -113,7 +113,10 @@ def node_totals(larkd: "Larkd", machine_mbit: float | None) -> dict:
         u = larkd.acct.summary(rec.key) or {}
         b_in += int(u.get("bytes_in", 0))
         b_out += int(u.get("bytes_out", 0))
-        limits += float(rec.plan.get("rate_limit_mbit") or 0.0)
+        # Reservations only: a fair-share job's limit is what reservations leave, and it shrinks for the next
+        # reservation, so it is not taken from what is available (else one unreserved job shows 0 available).
+        if not rec.plan.get("fair_share_capacity_mbit"):
+            limits += float(rec.plan.get("rate_limit_mbit") or 0.0)
     out = {"active_jobs": len(recs), "bytes_in": b_in, "bytes_out": b_out, "at": time.time()}
     if machine_mbit:
         out["avail_bandwidth_mbit"] = max(machine_mbit - limits, 0.0)

@@ -33,6 +33,7 @@ from .sweep import sweep
 
 log = logging.getLogger("larkd")
 LISTEN_BACKLOG = 1024
+EARLY_REPUSH_S = 5.0   # a running job's second push to its schedd comes this soon after its first
 CHECK_REUSE_SECONDS = 120.0  # PREPARE_JOB runs seconds before the wrapper; longer means something else
 
 
@@ -61,7 +62,7 @@ class Larkd:
         self.check_limit = RateLimit(cfg.check_min_interval)  # each check queries the startd and the schedd
         self.pusher = (AdPusher(cfg.schedd_push_retry)
                        if cfg.ad_source == "startd" and cfg.schedd_push_interval > 0 else None)
-        self.pushed_at: dict[str, float] = {}   # key -> monotonic time of its last push (none yet: due now)
+        self.pushed_at: dict[str, tuple[str, float, int]] = {}  # key -> (job id, time of its last push, pushes)
         self.log_limit = LogLimit()
         self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -205,12 +206,20 @@ class Larkd:
         then one every schedd_push_interval. Then the due retries of final pushes."""
         now = time.monotonic()
         for key in sorted(self.active):
-            if now - self.pushed_at.get(key, -1e18) < self.cfg.schedd_push_interval:
-                continue
             pin = self._pin(key)
-            if pin is not None and pin.global_job_id:
-                self.pushed_at[key] = now
-                self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key))
+            if pin is None or not pin.global_job_id:
+                continue
+            job, last, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
+            if job != pin.job_id:  # the slot's next job, before a poll saw the previous one end
+                last, pushes = None, 0
+            # The first push with the first poll, a second one EARLY_REPUSH_S later (a short job's figures after
+            # its first seconds, in case larkd is not there at its end), then every schedd_push_interval; a
+            # failed push is tried again at the next poll.
+            wait = EARLY_REPUSH_S if pushes == 1 else self.cfg.schedd_push_interval
+            if last is not None and now - last < wait:
+                continue
+            if self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key)):
+                self.pushed_at[key] = (pin.job_id, now, pushes + 1)
         for key in set(self.pushed_at) - self.active:
             self.pushed_at.pop(key, None)
         self.pusher.retry_pending()

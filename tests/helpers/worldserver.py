@@ -45,5 +45,10 @@ def main():
 
 
 if __name__ == "__main__":
-    http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+    # Quiet by default (the fake host reads only "ready" from its pipes); the testbed logs every request to a
+    # file, with the client's address, so tests can see which address a job used.
+    if "--log-requests" in sys.argv:
+        sys.argv.remove("--log-requests")
+    else:
+        http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
     main()

@@ -93,5 +93,5 @@ def test_bridged_job_gets_its_own_ipv6_address(fakehost_factory, mode):
 def test_ipv6_wanted_but_not_configured_is_a_clear_error(host):
     cp = job(host, "slot5", 88, "IPv6", ["env"])
     assert cp.returncode == 111
-    assert "wants IPv6" in cp.stderr and "subnet6" in cp.stderr
+    assert "wants IPv6" in cp.stderr and "SUBNET6" in cp.stderr
     assert host.wait_clean() == {k: [] for k in host.residue()}

@@ -96,3 +96,44 @@ def test_a_failing_background_release_is_kept_referenced_and_logged(tmp_path, mo
     assert any("release of slot1 failed" in r.getMessage() and "could not remove the nftables rules" in r.getMessage()
                for r in caplog.records)
     assert k.of_key("slot1") == {("fw:nftables", "slot1")}  # everything but the failing firewall is gone
+
+
+def test_running_jobs_are_pushed_at_first_poll_again_soon_then_every_interval_and_failures_retried(tmp_path,
+                                                                                                   monkeypatch):
+    from lark.daemon.pins import Pin
+    d, _ = _daemon(tmp_path, monkeypatch)
+    d.cfg.schedd_push_interval = 60.0
+    clock = [1000.0]
+    monkeypatch.setattr(server_mod.time, "monotonic", lambda: clock[0])
+    answers, pushed = [True], []
+
+    class FakePusher:
+        def push(self, key, gid, job_id, stats):
+            pushed.append((clock[0], job_id))
+            return answers.pop(0) if answers else True
+
+        def retry_pending(self):
+            pass
+
+    d.pusher = FakePusher()
+    monkeypatch.setattr(d, "stats", lambda key: {"key": key})
+    d.pins.save(Pin(key="slot1", starter_pid=ME, starter_start=1, netns_inode=7, job_id="3.0",
+                    global_job_id="ap#3.0#1"))
+    d.active = {"slot1"}
+
+    def poll_at(t):
+        clock[0] = t
+        d.push_running()
+
+    for t in (1000.0, 1001.0, 1005.0, 1006.0, 1030.0, 1065.0):
+        poll_at(t)
+    assert [t for t, _ in pushed] == [1000.0, 1005.0, 1065.0]   # first poll, 5 s later, then every 60 s
+    answers.append(False)                                        # the schedd refuses once: tried at the next poll
+    poll_at(1125.0)
+    poll_at(1126.0)
+    assert [t for t, _ in pushed][-2:] == [1125.0, 1126.0]
+    # The slot's next job (seen before any poll noticed the first one end) is pushed at once.
+    d.pins.save(Pin(key="slot1", starter_pid=ME, starter_start=2, netns_inode=8, job_id="4.0",
+                    global_job_id="ap#4.0#1"))
+    poll_at(1127.0)
+    assert pushed[-1] == (1127.0, "4.0")
