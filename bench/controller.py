@@ -21,26 +21,12 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from helpers.sdn import BRIDGE, GW, WAN_SERVER, SdnPool, sh  # noqa: E402
+from helpers.sdn import BRIDGE, GW, SLICE_AND_WAN_POLICIES, WAN_SERVER, SdnPool, sh  # noqa: E402
 
 TRIALS = int(os.environ.get("BENCH_TRIALS", "10"))   # per block and case
 BLOCKS = 3
 N_REG = int(os.environ.get("BENCH_REGISTRATIONS", "300"))
-POLICIES = """
-[[policy]]
-name = "slices"
-kind = "slice"
-select = 'true'
-[[policy]]
-name = "students-no-wan"
-kind = "wan_drop"
-select = 'AcctGroup =?= "students"'
-[[policy]]
-name = "cms-wan1"
-kind = "wan_steer"
-select = 'AcctGroup =?= "cms"'
-port = "wan1"
-"""
+POLICIES = SLICE_AND_WAN_POLICIES
 
 
 def pct(xs: list[float], p: float) -> float:

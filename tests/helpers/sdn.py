@@ -33,6 +33,35 @@ SERVER_PY = ("import socket,sys\n"
              "while True:\n c,_=s.accept(); c.sendall(b'hi'); c.close()\n")
 
 
+# The paper's policies without the owner drop: per-user slices, no WAN for one group, another steered to wan1
+# (shared by the integration tests and bench/controller.py).
+SLICE_AND_WAN_POLICIES = """
+[[policy]]
+name = "slices"
+kind = "slice"
+select = 'true'
+[[policy]]
+name = "students-no-wan"
+kind = "wan_drop"
+select = 'AcctGroup =?= "students"'
+[[policy]]
+name = "cms-wan1"
+kind = "wan_steer"
+select = 'AcctGroup =?= "cms"'
+port = "wan1"
+"""
+
+
+def started_pool(tmp: str, policies: str, **kw):
+    """A started SdnPool for a pytest fixture (`yield from`), closed even when the test or the start fails."""
+    p = SdnPool(tmp, policies=policies, **kw)
+    try:
+        p.start()
+        yield p
+    finally:
+        p.close()
+
+
 def sh(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
     cp = subprocess.run(argv, capture_output=True, text=True, **kw)
     if check and cp.returncode:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from helpers.sdn import WAN_SERVER, GW, SdnPool
+from helpers.sdn import SLICE_AND_WAN_POLICIES, WAN_SERVER, GW, SdnPool, started_pool
 
 pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
 
@@ -15,30 +15,12 @@ POLICIES = """
 name = "blocked"
 kind = "drop"
 select = 'Owner == "mallory"'
-[[policy]]
-name = "slices"
-kind = "slice"
-select = 'true'
-[[policy]]
-name = "students-no-wan"
-kind = "wan_drop"
-select = 'AcctGroup =?= "students"'
-[[policy]]
-name = "cms-wan1"
-kind = "wan_steer"
-select = 'AcctGroup =?= "cms"'
-port = "wan1"
-"""
+""" + SLICE_AND_WAN_POLICIES
 
 
 @pytest.fixture
 def pool(tmp_path):
-    p = SdnPool(str(tmp_path), policies=POLICIES, reconcile_grace=2.0)
-    try:
-        p.start()
-        yield p
-    finally:
-        p.close()
+    yield from started_pool(str(tmp_path), POLICIES, reconcile_grace=2.0)
 
 
 def jobs(pool):

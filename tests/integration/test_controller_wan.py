@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers.sdn import BRIDGE, GW, WAN_SERVER, SdnPool, sh
+from helpers.sdn import BRIDGE, GW, WAN_SERVER, SdnPool, sh, started_pool
 from helpers.wan_traffic import udp_upload
 from lark.controller.wan import METER_BASE
 
@@ -29,12 +29,7 @@ rate_mbit = 8
 
 @pytest.fixture
 def pool(tmp_path):
-    p = SdnPool(str(tmp_path), policies=GROUPS, reconcile_grace=2.0)
-    try:
-        p.start()
-        yield p
-    finally:
-        p.close()
+    yield from started_pool(str(tmp_path), GROUPS, reconcile_grace=2.0)
 
 
 def meters(pool) -> dict[int, str]:
