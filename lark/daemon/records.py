@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
 
@@ -38,16 +39,37 @@ _RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 
 
 class RecordStore:
+    """The records of one larkd, each read from disk once and then shared.
+
+    Every thread that changes a job's record changes the same live object, so a save can never put back what
+    another thread changed in between: a fair-share rebalance setting another job's limit while that job's own
+    setup marks it ready wrote two copies before, and the later save lost the other's change.
+    """
+
     def __init__(self, directory: str):
         self.dir = private_dir(directory)
+        self._live: dict[str, JobRecord] = {}
+        # Held from serialising to the rename: an older snapshot of a record never lands after a newer one.
+        self._lock = threading.Lock()
 
     def path(self, key: str) -> str:
         return os.path.join(self.dir, f"{key}.json")
 
     def save(self, rec: JobRecord) -> None:
-        atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
+        with self._lock:
+            self._live[rec.key] = rec  # a new job's record replaces the one of the job before it
+            atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
 
     def load(self, key: str) -> JobRecord | None:
+        with self._lock:
+            rec = self._live.get(key)
+            if rec is None:
+                rec = self._read(key)
+                if rec is not None:
+                    self._live[key] = rec
+            return rec
+
+    def _read(self, key: str) -> JobRecord | None:
         try:
             data = json.loads(read_own(self.path(key)))
             # Fields a former version wrote and this one no longer has (steps, error, counters) are dropped,
@@ -60,10 +82,12 @@ class RecordStore:
             return None
 
     def delete(self, key: str) -> None:
-        try:
-            os.unlink(self.path(key))
-        except FileNotFoundError:
-            pass
+        with self._lock:
+            self._live.pop(key, None)
+            try:
+                os.unlink(self.path(key))
+            except FileNotFoundError:
+                pass
 
     def keys(self) -> list[str]:
         try:
