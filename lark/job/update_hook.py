@@ -22,7 +22,10 @@ CHIRP_CANDIDATES = ["/usr/libexec/condor/condor_chirp", "/usr/lib/condor/libexec
 def job_attributes(stats: dict) -> dict[str, str]:
     """ClassAd attribute name -> ClassAd literal, from larkd's stats answer."""
     usage = stats.get("usage") or stats.get("finished") or {}
-    plan = stats.get("plan") or {}
+    # An ended job's plan is gone with its record; its final summary keeps what the ad shows (a job shorter
+    # than the first push would otherwise end without its type, address and the limit it ran under).
+    plan = stats.get("plan") or {k: v for k, v in (stats.get("finished") or {}).items()
+                                  if k in ("network_type", "ipv4", "rate_limit_mbit")}
     attrs: dict[str, str] = {}
     if plan:
         attrs["LarkNetworkType"] = f'"{plan.get("network_type", "")}"'

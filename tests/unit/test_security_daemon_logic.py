@@ -191,6 +191,20 @@ def test_ad_pusher_pushes_figures_and_retries_a_failed_final_push(monkeypatch):
     assert p.push("slot3", "", "45.0", stats) is False               # no schedd known: nothing to push
 
 
+def test_final_push_of_a_short_fair_share_job_carries_the_limit_it_ran_under():
+    """A job that ends before the first push: its record (and plan) is gone, the summary still names its limit."""
+    from lark.daemon.adpush import AdPusher
+    calls = []
+    p = AdPusher(edit=lambda schedd, job, attrs: calls.append(attrs))
+    summary = {"bytes_in": 5, "network_type": "bridge", "ipv4": "10.1.0.7", "rate_limit_mbit": 133.333,
+               "owner": "alice"}
+    assert p.push_final("slot1", "ap#7.0#1", "7.0", summary) is True
+    assert calls[-1]["LarkBandwidthLimit"] == "133.333" and calls[-1]["LarkNetworkType"] == '"bridge"'
+    assert calls[-1]["LarkIPv4Address"] == '"10.1.0.7"' and "Owner" not in calls[-1]
+    p.push_final("slot2", "ap#8.0#1", "8.0", {"bytes_in": 1})   # no limit (unlimited job): none pushed
+    assert "LarkBandwidthLimit" not in calls[-1]
+
+
 def test_schedd_name_from_global_job_id():
     from lark.daemon.adpush import schedd_of
     assert schedd_of("ap.example.org#12.3#1700000000") == "ap.example.org"
