@@ -18,6 +18,7 @@ from ..links import take_over_uplink
 from ...names import JobNames
 from ...plan import JobNetwork
 from .base import BridgedMode
+from .isolation import isolate_port
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +70,5 @@ class BridgeMode(BridgedMode):
                             job=plan.job_id, obj=f"VLAN {plan.vlan}",
                             fix="use NetworkType = \"ovs_bridge\" for VLANs, see `lark doctor`")
         ipr.link("set", index=host_idx, master=br[0])
+        if self.cfg.bridge_isolate_jobs:
+            isolate_port(ipr, host_idx, names.job_mac, plan.job_id, self.cfg.bridge_name)
