@@ -3,7 +3,7 @@ bridge cannot reach it directly (only through the uplink, where a pool's core sw
 the world behind the uplink still can; and a frame from the uplink carrying a job's source MAC (what the core's
 hairpin sends back) does not move the job's MAC away from its port."""
 import json
-import socket
+import signal
 import subprocess
 import time
 
@@ -105,3 +105,18 @@ def test_a_hairpinned_frame_does_not_move_the_jobs_mac_to_the_uplink(fakehost_fa
     entries = json.loads(sh(host.in_host(["bridge", "-j", "fdb", "show", "dev", port[0]])).stdout)
     flags = [e for e in entries if e["mac"] == mac][0]
     assert flags.get("state") == "static" and "sticky" in flags.get("flags", []), flags
+
+
+def test_gc_removes_an_isolated_job_that_a_killed_daemon_left(fakehost_factory):
+    host = fakehost_factory(**BRIDGE_CFG, bridge_isolate_jobs=True)
+    job = host.spawn_job("slot3", ["sleep", "1"], job_ad="ClusterId = 63\nProcId = 0")
+    wait_ready(host, "slot3")
+    host.stop_larkd(signal.SIGKILL)
+    job.wait(30)
+    left = host.residue()
+    assert any(name.endswith("_hp") for name in left["fw"]), left   # the netdev chains outlived the job
+    host.lark("gc")
+    assert host.residue() == {k: [] for k in host.residue()}
+    listing = sh(host.in_host(["nft", "-j", "list", "set", "netdev", host.cfg.nft_table, same_ep.SET]), check=False)
+    assert not [e for o in json.loads(listing.stdout or '{"nftables": []}')["nftables"] if "set" in o
+                for e in o["set"].get("elem", [])], listing.stdout

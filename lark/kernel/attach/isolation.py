@@ -30,11 +30,11 @@ def isolate_port(ipr: IPRoute, port_idx: int, mac: str, job_id: str, bridge: str
         ipr.fdb("replace", ifindex=port_idx, lladdr=mac, state=NUD_NOARP, flags=NTF_MASTER | NTF_STICKY)
     except NetlinkError as e:
         raise LarkError(f"the kernel refused port isolation or a sticky FDB entry: {e}", job=job_id, obj=port,
-                        fix="needs kernel >= 4.18 (isolated) and >= 5.x (sticky FDB entries); "
+                        fix="needs kernel >= 4.18 (isolated ports) and >= 5.0 (sticky FDB entries); "
                             "or set bridge_isolate_jobs = false") from None
     if not is_isolated(ipr, port_idx) or mac.lower() not in pinned_macs(ipr, port_idx):
         raise LarkError("the kernel did not keep the port isolated with the job's MAC pinned (too old a kernel?)",
-                        job=job_id, obj=port, fix="use kernel >= 5.x, or set bridge_isolate_jobs = false")
+                        job=job_id, obj=port, fix="use kernel >= 5.0, or set bridge_isolate_jobs = false")
     log.debug("job %s: bridge port %d isolated, %s pinned to it", job_id, port_idx, mac)
 
 
