@@ -6,7 +6,7 @@ Starts the pool testbed (testbed/pool.py: central manager, two EPs with their ow
 with lark-controller, a WAN behind two links), runs one probe job per row below, prints what each job could
 and could not reach, and stops the pool (also on failure or Ctrl-C). The policies are pool.SDN_POLICIES:
   drop       Owner == "carol": all of carol's traffic is dropped at the core switch
-  slice      per Owner: jobs of different owners cannot talk across the switch; the same owner's can
+  slice      per Owner: jobs of different owners cannot talk, on one EP or across; the same owner's can
   wan_drop   AcctGroup == "students": nothing toward the WAN
   wan_steer  Owner == "bob": WAN traffic leaves through the alternate WAN port (wan1)
 """
@@ -25,6 +25,7 @@ import pool_probe  # noqa: E402
 log = logging.getLogger("demo-pool")
 WHY = {
     "alice@ep1": "no policy but the slice",
+    "alice2@ep1": "alice's second job on ep1: reaches alice@ep1 through the core switch and back",
     "bob@ep1": "slice; WAN steered to wan1 (Owner == \"bob\")",
     "alice@ep2": "slice; accounting_group students: no WAN",
     "bob@ep2": "slice; WAN steered to wan1",
@@ -49,7 +50,8 @@ def main() -> int:
         jobs = pool_probe.run_probes(pool_probe.policy_jobs(), run="demo", while_running=controller_status)
         print()
         print(pool_probe.table(jobs))
-        print("* same EP: switched by that EP's own bridge, never reaching the core switch (docs/pool.md)\n")
+        print("* same EP: the EP's bridge isolates job ports, so the core switch decides and sends allowed frames "
+              "back (docs/pool.md)\n")
         for j in jobs:
             print(f"  {j.label:<10} {j.extra or '(no extra submit lines)':<30} {WHY.get(j.label, '')}")
         if status:

@@ -87,6 +87,11 @@ class Config:
     bridge_range6: str = ""             # bridged IPv6 job addresses, "first-last"; "" = no IPv6 when bridged
     bridge_prefix6: int = 64            # prefix length of the bridged IPv6 network
     bridge_gateway6: str = ""           # IPv6 default route of bridged jobs
+    # Isolate each job's bridge port (kernel >= 4.18), pin its MAC there (sticky FDB entry) and send its frames for
+    # other jobs of this EP out of bridge_uplink: jobs here then reach each other only through the uplink, where a
+    # pool's core switch applies its policies and sends them back (lark-controller `ep_ports`). Without that
+    # hairpin, jobs here cannot reach each other at all.
+    bridge_isolate_jobs: bool = False
     # Mixed into bridged jobs' MACs so that EPs on one network never hand out the same MAC for equal slot
     # names; "" = this machine's /etc/machine-id. Set it per EP where EPs share a machine id (cloned images).
     job_mac_seed: str = ""
@@ -190,6 +195,12 @@ class Config:
             v = getattr(self, key)
             if (v or key.endswith("_name")) and not IFNAME_RE.fullmatch(v):
                 raise bad(key, f"{v!r} is not a valid interface name", "use a name `ip link` would accept")
+        if not isinstance(self.bridge_isolate_jobs, bool):
+            raise bad("bridge_isolate_jobs", f"{self.bridge_isolate_jobs!r} is not true or false",
+                      "set true on EPs behind a core switch that hairpins (lark-controller ep_ports), else false")
+        if self.bridge_isolate_jobs and not self.bridge_uplink:
+            raise bad("bridge_isolate_jobs", "isolated jobs reach each other through the uplink, and bridge_uplink "
+                      "is not set", "set bridge_uplink to the bridge's port toward the core switch, e.g. eth0")
         if not re.fullmatch(r"[A-Za-z0-9_.:@-]{0,64}", self.job_mac_seed):
             raise bad("job_mac_seed", f"{self.job_mac_seed!r} is not a plain name", "letters, digits and _.:@-")
         if self.ovs_datapath not in ("auto", "system", "netdev"):

@@ -317,7 +317,10 @@ def lark_knobs(ep: str) -> str:
     if controller_available():
         knobs.update(controller_url=f"https://{ADDRESS['cm']}:{REGISTRATION_PORT}",
                      controller_ca="/etc/lark/certs/ca.pem", controller_cert=f"/etc/lark/certs/{ep}.pem",
-                     controller_key=f"/etc/lark/certs/{ep}.key", controller_failure="closed")
+                     controller_key=f"/etc/lark/certs/{ep}.key", controller_failure="closed",
+                     # Jobs on one EP meet only through the core switch, which applies the policies and sends
+                     # their frames back (the controller's ep_ports): docs/pool.md.
+                     bridge_isolate_jobs="true")
     return "# larkd on this EP\n" + "".join(f"LARK_{k.upper()} = {v}\n" for k, v in knobs.items())
 
 
@@ -408,7 +411,9 @@ def controller_config() -> str:
             f'[api]\nhost = "{ADDRESS["cm"]}"\nport = {REGISTRATION_PORT}\n'
             'ca = "certs/ca.pem"\ncert = "certs/controller.pem"\nkey = "certs/controller.key"\n'
             '[switch]\nwan_ports = ["wan0", "wan1"]\n'
-            f'site_prefixes = ["{GATEWAY.rsplit(".", 1)[0]}.0/{SITE_PREFIX}"]\n' + SDN_POLICIES)
+            f'site_prefixes = ["{GATEWAY.rsplit(".", 1)[0]}.0/{SITE_PREFIX}"]\n'
+            # each EP's uplink is the switch port named after it (make_network)
+            f'ep_ports = {{ {", ".join(f"{ep} = {json.dumps(ep)}" for ep in EPS)} }}\n' + SDN_POLICIES)
 
 
 def controller_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:

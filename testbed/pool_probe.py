@@ -74,24 +74,26 @@ class ProbeJob:
     user: str
     ep: str
     extra: str = ""                     # more submit-file lines, e.g. accounting_group = ...
+    n: int = 1                          # the user's n-th job on this EP (two jobs of one owner on one EP)
     cluster: int = 0
     address: str = ""
     seen: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
-        return f"{self.user}@{self.ep}"
+        return f"{self.user}{self.n if self.n > 1 else ''}@{self.ep}"
 
     def dir(self, run: str) -> str:
-        return f"{run}-{self.user}-{self.ep}"
+        return f"{run}-{self.user}{self.n if self.n > 1 else ''}-{self.ep}"
 
     def path(self, run: str) -> Path:
         return pool.HOME / self.user / self.dir(run)
 
 
 def policy_jobs() -> list[ProbeJob]:
-    """The jobs that show pool.SDN_POLICIES: two owners on both EPs, a students job, a dropped owner."""
-    return [ProbeJob("alice", "ep1"), ProbeJob("bob", "ep1"),
+    """The jobs that show pool.SDN_POLICIES: two owners on both EPs, a students job, a dropped owner, and a second
+    job of alice on ep1 (the same owner on one EP: through the core switch and back)."""
+    return [ProbeJob("alice", "ep1"), ProbeJob("alice", "ep1", n=2), ProbeJob("bob", "ep1"),
             ProbeJob("alice", "ep2", "accounting_group = students"), ProbeJob("bob", "ep2"),
             ProbeJob("carol", "ep2")]
 

@@ -49,6 +49,9 @@ class ControllerConfig:
     # every larkd has had its periodic full resync (larkd resyncs every controller_resync seconds).
     reconcile_grace: float = 30.0
     reconcile_interval: float = 60.0
+    # Jobs on the same EP (lark.controller.hairpin): EP certificate name -> switch port its uplink is on. Those EPs
+    # isolate their job ports (larkd bridge_isolate_jobs), and the controller sends their jobs' frames back.
+    ep_ports: dict[str, str] = field(default_factory=dict)
     policies: list[Policy] = field(default_factory=list)
     # [[wan_group]] sections (issue 12, lark.controller.wan): per-group WAN meters; [wan] unmatched = pass | drop
     wan_groups: list = field(default_factory=list)
@@ -86,6 +89,14 @@ class ControllerConfig:
             raise bad("wan_ports", f"{self.wan_ports} names a port twice", "list each OVS port name once")
         if self.barrier_timeout <= 0 or self.reconcile_grace < 0 or self.reconcile_interval <= 0:
             raise bad("barrier_timeout", "timeouts and intervals must be positive", "use seconds, e.g. 2")
+        if not isinstance(self.ep_ports, dict) or any(
+                not isinstance(k, str) or not isinstance(v, str) or not k or not v for k, v in self.ep_ports.items()):
+            raise bad("ep_ports", f"{self.ep_ports!r} is not a table of EP names to port names",
+                      'write ep_ports = { ep1 = "ep1", ep2 = "ep2" } under [switch]')
+        ports = list(self.ep_ports.values())
+        if len(set(ports)) != len(ports) or set(ports) & set(self.wan_ports):
+            raise bad("ep_ports", f"{self.ep_ports} names a port twice or a WAN port",
+                      "give each EP the one switch port its uplink is on, never a port of wan_ports")
         from .wan import WanPlan
         WanPlan(self.wan_groups, self.wan_unmatched)   # raises a LarkError naming the [wan] key
         if (self.wan_groups or self.wan_unmatched == "drop") and not self.site_prefixes:
@@ -118,7 +129,8 @@ _SECTIONS = {
     "api": {"host": "api_host", "port": "api_port", "ca": "ca", "cert": "cert", "key": "key",
             "admin_names": "admin_names"},
     "switch": {"wan_ports": "wan_ports", "site_prefixes": "site_prefixes", "barrier_timeout": "barrier_timeout",
-               "reconcile_grace": "reconcile_grace", "reconcile_interval": "reconcile_interval"},
+               "reconcile_grace": "reconcile_grace", "reconcile_interval": "reconcile_interval",
+               "ep_ports": "ep_ports"},
     "wan": {"unmatched": "wan_unmatched"},
 }
 

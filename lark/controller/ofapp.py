@@ -15,6 +15,7 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_3
 
 from .config import ControllerConfig
+from . import hairpin
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
 from .registry import Entry, Registry
@@ -60,7 +61,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
         assert CONFIG is not None and REGISTRY is not None, "start the app through `lark-controller run`"
         self.cfg = CONFIG
         self.registry = REGISTRY
-        self.base = base_flows(self.cfg) + self.registry.wan.base_flows(self.cfg.site_prefixes)
+        self.base = (base_flows(self.cfg) + self.registry.wan.base_flows(self.cfg.site_prefixes)
+                     + hairpin.base_flows(self.cfg))
         self.wan = WanMeters(self, self.registry.wan)
         self.switches: dict[int, Switch] = {}
         self._waiters: dict[tuple[int, int], _Waiter] = {}
@@ -109,6 +111,12 @@ class LarkSwitchApp(app_manager.OSKenApp):
         name = ev.msg.desc.name.decode(errors="replace")
         if sw is not None and sw.ready.is_set() and name in self.cfg.wan_ports:
             hub.spawn(self._batch, sw, [(BASE_COOKIE, f, "base") for f in self.base], [])
+        elif sw is not None and sw.ready.is_set() and name in self.cfg.ep_ports.values():
+            # An EP's port: its hairpin flows (base and its jobs') name it, so send them again.
+            eps = {ep for ep, port in self.cfg.ep_ports.items() if port == name}
+            hub.spawn(self._batch, sw, [(BASE_COOKIE, f, "base") for f in self.base]
+                      + [(e.cookie, f, e.job.name) for e in self.registry.entries() if e.job.ep in eps
+                         for f in e.flows], [])
 
     # -- replies ----------------------------------------------------------------------------------------
     @set_ev_cls([ofp_event.EventOFPBarrierReply, ofp_event.EventOFPFlowStatsReply,
@@ -146,9 +154,25 @@ class LarkSwitchApp(app_manager.OSKenApp):
             self._waiters.pop((dp.id, msg.xid), None)
 
     # -- flow mods --------------------------------------------------------------------------------------
+    def _match(self, sw: Switch, f: Flow) -> dict | None:
+        """The flow's match for this switch: an `in_port` given by name becomes the port's number; None when the
+        switch has no such port (the flow is not for this switch)."""
+        match = dict(f.match)
+        if isinstance(match.get("in_port"), str):
+            port = sw.ports.get(match["in_port"])
+            if port is None:
+                log.debug("switch %016x has no port %r: %s not installed there", sw.dp.id, match["in_port"],
+                          f.describe())
+                return None
+            match["in_port"] = port
+        return match
+
     def _mod(self, sw: Switch, cookie: int, f: Flow):
         dp = sw.dp
         p, o = dp.ofproto_parser, dp.ofproto
+        match = self._match(sw, f)
+        if match is None:
+            return None
         kind = f.action[0]
         if kind == "drop":
             inst = []
@@ -160,6 +184,11 @@ class LarkSwitchApp(app_manager.OSKenApp):
         elif kind == "meter_normal":   # WAN group limit (lark.controller.wan)
             inst = [p.OFPInstructionMeter(f.action[1], o.OFPIT_METER),
                     p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
+        elif kind == "in_port":          # same-EP hairpin (lark.controller.hairpin)
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_IN_PORT)])]
+        elif kind == "in_port_normal":
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_IN_PORT),
+                                                                    p.OFPActionOutput(o.OFPP_NORMAL)])]
         elif kind == "output":
             port = sw.ports.get(f.action[1])
             if port is None:
@@ -169,7 +198,7 @@ class LarkSwitchApp(app_manager.OSKenApp):
         else:
             raise ValueError(f"unknown action {f.action}")
         return p.OFPFlowMod(dp, cookie=cookie, table_id=f.table, priority=f.priority, command=o.OFPFC_ADD,
-                            match=p.OFPMatch(**dict(f.match)), instructions=inst)
+                            match=p.OFPMatch(**match), instructions=inst)
 
     def _delete(self, sw: Switch, cookie: int, mask: int = ALL_COOKIES):
         dp = sw.dp
@@ -234,7 +263,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
         before a restart), one by one with DELETE_STRICT: the rest keep working meanwhile."""
         dp = sw.dp
         p, o = dp.ofproto_parser, dp.ofproto
-        want = {(f.table, f.priority, tuple(sorted(p.OFPMatch(**dict(f.match)).items()))) for f in self.base}
+        want = {(f.table, f.priority, tuple(sorted(p.OFPMatch(**m).items())))
+                for f in self.base if (m := self._match(sw, f)) is not None}
         req = p.OFPFlowStatsRequest(dp, 0, o.OFPTT_ALL, o.OFPP_ANY, o.OFPG_ANY, BASE_COOKIE, ALL_COOKIES,
                                     p.OFPMatch())
         stale = [st for reply in self._request(dp, req, max(self.cfg.barrier_timeout, 5.0)) for st in reply.body

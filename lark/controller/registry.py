@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import LarkError
+from . import hairpin
 from .config import ControllerConfig
 from .flows import Decision, Flow, decide, job_flows
 from .model import JobReg
@@ -55,7 +56,8 @@ class Registry:
                 raise LarkError(f"slice {d.slice_name!r} hashes to the same id as slice {other!r}", job=job.job_id,
                                 obj="per-user slices", fix="rename one of the slice policies (the id is a hash)")
         wan = self.wan.job_flows(job) if not d.blocked_by else []   # into its group's WAN meter (issue 12)
-        return Entry(job, d, job_flows(job, d) + wan, job.cookie)
+        same_ep = hairpin.job_flows(job, self.cfg) if not d.blocked_by else []   # back to its isolated EP
+        return Entry(job, d, job_flows(job, d) + wan + same_ep, job.cookie)
 
     def _put(self, e: Entry, ch: Change) -> None:
         old = self._jobs.get(e.job.ident)

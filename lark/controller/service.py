@@ -5,7 +5,7 @@ import logging
 import os
 import time
 
-from . import ofapp
+from . import hairpin, ofapp
 from .config import ControllerConfig
 from .flows import base_flows
 from .model import JobReg
@@ -87,7 +87,7 @@ class Controller:
                                  "wan_ports": {p: sw.ports.get(p) for p in self.cfg.wan_ports},
                                  "last_reconcile": app.last_reconcile.get(dpid)})
         job_flows = sum(len(e.flows) for e in entries)
-        base = len(base_flows(self.cfg))
+        base = len(base_flows(self.cfg)) + len(hairpin.base_flows(self.cfg))
         return {"jobs": [e.summary() for e in entries], "switches": switches,
                 "totals": {"jobs": len(entries), "job_flows": job_flows, "base_flows": base,
                            "flows_per_switch": job_flows + base,

@@ -1,9 +1,9 @@
 """The paper's three SDN policies observed from inside real jobs on two EPs of the pool testbed.
 
-The jobs (pool_probe.policy_jobs): alice and bob on both EPs, alice's ep2 job in accounting group "students",
-carol on ep2. The policies (pool.SDN_POLICIES): drop Owner == "carol"; a slice per Owner; no WAN for
-AcctGroup "students"; bob's WAN traffic out of the alternate port wan1. Pairs on one EP are left out: they
-are switched by the EP's own bridge and never reach the core switch (docs/pool.md).
+The jobs (pool_probe.policy_jobs): alice and bob on both EPs, a second alice job on ep1, alice's ep2 job in
+accounting group "students", carol on ep2. The policies (pool.SDN_POLICIES): drop Owner == "carol"; a slice per
+Owner; no WAN for AcctGroup "students"; bob's WAN traffic out of the alternate port wan1. Pairs on one EP hold too:
+the EPs isolate their job ports (bridge_isolate_jobs) and the core switch sends allowed frames back (ep_ports).
 """
 import time
 
@@ -90,3 +90,21 @@ def test_policies_hold_while_the_controller_is_down_and_it_rebuilds_its_view(lar
     assert jobs["bob@ep2"].seen["wan"] == "wan1"
     assert jobs["alice@ep1"].seen["wan"] == "wan0"
     assert {j["job_id"] for j in views["after_restart"]["jobs"]} == {f"{j.cluster}.0" for j in jobs.values()}
+
+
+def test_the_policies_hold_between_jobs_on_the_same_ep(policy_run, controller_status):
+    # the same owner on one EP: up to the core switch and back out of the EP's port (the hairpin flow)
+    for src, dst in (("alice@ep1", "alice2@ep1"), ("alice2@ep1", "alice@ep1")):
+        assert seen(policy_run, src, dst) == "reached", (src, dst)
+    # different owners on one EP: the slice, as across EPs
+    for src, dst in (("alice@ep1", "bob@ep1"), ("bob@ep1", "alice@ep1"), ("alice2@ep1", "bob@ep1"),
+                     ("alice@ep2", "bob@ep2"), ("bob@ep2", "alice@ep2")):
+        assert seen(policy_run, src, dst).startswith("blocked"), (src, dst)
+    # the dropped owner reaches nobody on its own EP, and nobody there reaches it
+    for other in ("alice@ep2", "bob@ep2"):
+        assert seen(policy_run, "carol@ep2", other).startswith("blocked"), other
+        assert seen(policy_run, other, "carol@ep2").startswith("blocked"), other
+    # flows per job stay constant: 6 for a sliced job on an isolated EP (5 + the hairpin), 2 for a dropped one
+    _, views = policy_run
+    flows = {j["owner"]: j["flows"] for j in views["running"]["jobs"]}
+    assert flows == {"alice": 6, "bob": 6, "carol": 2}, views["running"]["jobs"]

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from lark.controller import certs
 from lark.kernel import netns as nsutil
@@ -77,8 +78,9 @@ def free_port() -> int:
 
 class SdnPool:
     def __init__(self, tmp: str, policies: str = "", reconcile_grace: float = 0.0, site_prefixes=(SITE,),
-                 core_ns: str | None = None, openflow_tls: bool = False):
-        """core_ns: run the switch and the controller in this existing netns (e.g. a fake EP's) and make no WAN."""
+                 core_ns: str | None = None, openflow_tls: bool = False, isolated_eps: tuple[str, ...] = ()):
+        """core_ns: run the switch and the controller in this existing netns (e.g. a fake EP's) and make no WAN.
+        isolated_eps: EPs made at start (add_ep), each a bridge with isolated job ports behind one switch port."""
         self.id = secrets.token_hex(3)
         self.tmp = Path(tmp)
         self.own_core = core_ns is None
@@ -98,6 +100,9 @@ class SdnPool:
         self.site_prefixes = list(site_prefixes)
         self._contexts: dict = {}
         self.openflow_tls = openflow_tls
+        self.ep_ports: dict[str, str] = {}   # EP -> its uplink's switch port, for EPs made by add_ep()
+        self.ep_ns: dict[str, str] = {}
+        self.isolated_eps = isolated_eps
 
     # -- topology ---------------------------------------------------------------------------------------
     def _netns(self, name: str) -> None:
@@ -113,6 +118,8 @@ class SdnPool:
                        "protocols=OpenFlow13", "fail_mode=secure")
         if self.own_core:
             self._make_wan()
+        for ep in self.isolated_eps:
+            self.add_ep(ep)
         certs.make(str(self.tls), ["controller=127.0.0.1", "ep1", "ep2", "intruder", "switch"])
         certs.make(str(self.tmp / "other-ca"), ["ep1"])
         self.write_config()
@@ -161,27 +168,63 @@ wan_ports = ["wan0", "wan1"]
 site_prefixes = {json.dumps(self.site_prefixes)}
 reconcile_grace = {self.reconcile_grace}
 reconcile_interval = 3600
+ep_ports = {{ {", ".join(f'{ep} = "{port}"' for ep, port in self.ep_ports.items())} }}
 {self.policies}
 """)
 
-    def add_job(self, name: str, ep: str, owner: str, n: int, group: str = "", port: int = 9000) -> dict:
-        """A job namespace on its own switch port with a site address, listening on `port`."""
+    def add_job(self, name: str, ep: str, owner: str, n: int, group: str = "", port: int = 9000,
+                behind: bool = False) -> dict:
+        """A job namespace on its own switch port with a site address, listening on `port`; with `behind`, an
+        isolated port of the bridge of EP `ep` (add_ep) instead."""
         ns = f"lark-sdn-{self.id}-{name}"
         self._netns(ns)
         mac, ip = f"02:77:{n // 256:02x}:{n % 256:02x}:00:02", f"10.77.1.{n}"
         hport = f"j{n}-{self.id}"
-        sh(["ip", "link", "add", hport, "netns", self.core, "type", "veth", "peer", "name", "eth0", "netns", ns])
+        if behind:
+            self._job_behind_ep(ns, ep, n, mac, ip)
+        else:
+            sh(["ip", "link", "add", hport, "netns", self.core, "type", "veth", "peer", "name", "eth0", "netns", ns])
         sh(["ip", "-n", ns, "link", "set", "eth0", "address", mac])
         sh(["ip", "-n", ns, "addr", "add", f"{ip}/16", "dev", "eth0"])
         sh(["ip", "-n", ns, "link", "set", "eth0", "up"])
         sh(["ip", "-n", ns, "route", "add", "default", "via", GW])
-        sh(["ip", "-n", self.core, "link", "set", hport, "up"])
-        self.ovs.vsctl("add-port", BRIDGE, hport)
+        if not behind:
+            sh(["ip", "-n", self.core, "link", "set", hport, "up"])
+            self.ovs.vsctl("add-port", BRIDGE, hport)
         self.serve(ns, port)
         job = {"ns": ns, "ep": ep, "reg": {"key": f"slot-{name}", "job_id": f"{n}.0", "owner": owner,
                                             "accounting_group": group, "addresses": [ip], "mac": mac}}
         self.jobs[name] = job
         return job
+
+    def add_ep(self, ep: str) -> str:
+        """An "EP": a netns with a Linux bridge whose uplink is a switch port, as on the pool testbed. Jobs added
+        with `behind=ep` are ports of that bridge, isolated by larkd's own code (bridge_isolate_jobs). Returns the
+        switch port, which the controller's config names in ep_ports (start() makes the `isolated_eps`)."""
+        ns, port = f"lark-sdn-{self.id}-{ep}", f"{ep}-{self.id}"
+        self._netns(ns)
+        sh(["ip", "-n", ns, "link", "add", "br0", "type", "bridge", "stp_state", "0", "forward_delay", "0"])
+        sh(["ip", "link", "add", port, "netns", self.core, "type", "veth", "peer", "name", "eth0", "netns", ns])
+        sh(["ip", "-n", ns, "link", "set", "eth0", "master", "br0", "up"])
+        sh(["ip", "-n", ns, "link", "set", "br0", "up"])
+        sh(["ip", "-n", self.core, "link", "set", port, "up"])
+        self.ovs.vsctl("add-port", BRIDGE, port)
+        self.ep_ns[ep], self.ep_ports[ep] = ns, port
+        return port
+
+    def _job_behind_ep(self, ns: str, ep: str, n: int, mac: str, ip: str) -> None:
+        from pyroute2 import NetNS
+
+        from lark.kernel.attach.isolation import isolate_port
+        from lark.kernel.firewall import same_ep
+        hport = f"j{n}"
+        sh(["ip", "link", "add", hport, "netns", self.ep_ns[ep], "type", "veth", "peer", "name", "eth0", "netns", ns])
+        sh(["ip", "-n", self.ep_ns[ep], "link", "set", hport, "master", "br0", "up"])
+        with NetNS(self.ep_ns[ep]) as ipr:
+            isolate_port(ipr, ipr.link_lookup(ifname=hport)[0], mac, f"{n}.0", "br0")
+        # and larkd's netdev rules that send its frames for the EP's other jobs up the uplink (same_ep.py)
+        cmds = same_ep.job_cmds("lark", "eth0", hport, f"j{n}", mac, SimpleNamespace(ipv4=ip, ipv6=None))
+        sh(["ip", "netns", "exec", self.ep_ns[ep], "nft", "-j", "-f", "-"], input=json.dumps({"nftables": cmds}))
 
     def serve(self, ns: str, port: int) -> None:
         p = subprocess.Popen(["ip", "netns", "exec", ns, PY, "-c", SERVER_PY, str(port)], stdout=subprocess.PIPE,

@@ -18,6 +18,8 @@ from ..links import take_over_uplink
 from ...names import JobNames
 from ...plan import JobNetwork
 from .base import BridgedMode
+from ..firewall import same_ep
+from .isolation import isolate_port
 
 log = logging.getLogger(__name__)
 
@@ -69,3 +71,16 @@ class BridgeMode(BridgedMode):
                             job=plan.job_id, obj=f"VLAN {plan.vlan}",
                             fix="use NetworkType = \"ovs_bridge\" for VLANs, see `lark doctor`")
         ipr.link("set", index=host_idx, master=br[0])
+        if self.cfg.bridge_isolate_jobs:
+            isolate_port(ipr, host_idx, names.job_mac, plan.job_id, self.cfg.bridge_name)
+
+    def secure(self, plan: JobNetwork, names: JobNames) -> None:
+        if self.cfg.bridge_isolate_jobs:
+            # Frames for another job of this EP go out of the uplink (the isolated port would drop them).
+            same_ep.apply(same_ep.job_cmds(self.cfg.nft_table, self.cfg.bridge_uplink, names.host_if, names.nft_id,
+                                           names.job_mac, plan), f"nft netdev chains of {names.host_if}", plan.job_id)
+
+    def detach(self, names: JobNames) -> bool:
+        if self.cfg.bridge_isolate_jobs:
+            same_ep.forget_mac(self.cfg.nft_table, names.job_mac)
+        return False

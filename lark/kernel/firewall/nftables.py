@@ -27,7 +27,8 @@ BR_MAPS = {"br_pre": "bpre", "br_out": "bout", "br_in": "bin"}
 DNS_MAPS = {"dns_from_job": "dout", "dns_to_job": "din"}
 BR_DNS_MAPS = {"br_dns_from_job": "bdout", "br_dns_to_job": "bdin"}
 DNS_MARK = 0x4C4B0035  # set on bridged jobs' queries in the bridge table, checked at the inet input hook
-JOB_CHAINS = ("pre", "out", "in", "bpre", "bout", "bin", *DNS_MAPS.values(), *BR_DNS_MAPS.values())
+# "hp", "hpf": same-EP frames up the uplink, in the netdev table (lark/kernel/firewall/same_ep.py)
+JOB_CHAINS = ("pre", "out", "in", "bpre", "bout", "bin", *DNS_MAPS.values(), *BR_DNS_MAPS.values(), "hp", "hpf")
 ALL_MAPS = (*MAPS, *BR_MAPS, *DNS_MAPS, *BR_DNS_MAPS)
 
 
@@ -397,7 +398,7 @@ class NftablesFirewall(Firewall):
 
     def _tables(self) -> list[str]:
         return [o["table"]["family"] for o in self._list("tables") if "table" in o
-                and o["table"].get("name") == self.table and o["table"].get("family") in ("inet", "bridge")]
+                and o["table"].get("name") == self.table and o["table"].get("family") in ("inet", "bridge", "netdev")]
 
     def destroy_base(self) -> None:
         self._bridge_base_done = False
@@ -406,7 +407,7 @@ class NftablesFirewall(Firewall):
                         f"nft table {family} {self.table}")
 
     def base_present(self) -> bool:
-        return bool(self._tables())
+        return bool({"inet", "bridge"} & set(self._tables()))   # the netdev table (same_ep.py) is per job
 
     # -- per job --------------------------------------------------------------------------------------
     def add_job(self, plan: JobNetwork, names: JobNames) -> None:
@@ -459,7 +460,7 @@ class NftablesFirewall(Firewall):
         """(table selector, listing) for each of Lark's tables that exists."""
         out = []
         for family in self._tables():
-            t = self.t if family == "inet" else self.tb
+            t = self.t if family == "inet" else self.tb if family == "bridge" else {"family": family, "table": self.table}
             out.append((t, self._list("table", family, self.table)))
         return out
 
