@@ -56,6 +56,16 @@ def build_stamp(dest: Path) -> Path:
     return out
 
 
+def write_launcher(dest: Path) -> Path:
+    """lark-job-wrapper as pip installs it (the console script of setup.py's entry point), on the job's Python."""
+    from helpers.fakehost import JOB_PY
+    out = dest / "lark-job-wrapper"
+    out.write_text(f"#!{JOB_PY}\nimport sys\nfrom lark.job.wrapper import main\nif __name__ == '__main__':\n"
+                   "    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n    sys.exit(main())\n")
+    out.chmod(0o755)
+    return out
+
+
 def stamps(stdout: str) -> list[int]:
     return [int(line.split()[1]) for line in stdout.splitlines() if line.startswith("stamp ")]
 
@@ -65,11 +75,10 @@ def lark_batch(host, stamp: Path, n: int, first: int) -> dict:
     """n jobs started at once. Returns ms figures per job: "setup" (wrapper exec -> job's program running),
     "starter" (job's program ran -> its starter exited: what the starter waits for at the job's end),
     "gone" (job's program ran -> its netns and host veth are gone); "failures"; "rate" (setups per second)."""
-    from helpers.fakehost import JOB_PY
     slots = [f"b{first + i}" for i in range(n)]
     for i, slot in enumerate(slots):
         host.publish_ad(slot, f"ClusterId = {first + i}\nProcId = 0", f"Bandwidth = {LIMIT_MBIT}")
-    launch = ["env", f"LARK_SOCKET={host.cfg.socket}", f"PYTHONPATH={REPO}", JOB_PY, "-m", "lark.job.wrapper"]
+    launch = ["env", f"LARK_SOCKET={host.cfg.socket}", f"PYTHONPATH={REPO}", str(stamp.parent / "lark-job-wrapper")]
     t_start = time.time_ns()
     procs = [subprocess.Popen(host.in_host([host.starter, "-a", slot, "-u", "65534", "--", str(stamp), *launch,
                                             str(stamp)]),
@@ -202,6 +211,7 @@ def main() -> int:
     tmp.chmod(0o755)  # the job (uid 65534) execs the stamp binary from here
     host = FakeHost(str(tmp / "host"), build_starter(str(tmp)))
     stamp = build_stamp(tmp)
+    write_launcher(tmp)
     rows: list[tuple] = []
     leaked: dict = {}
     summary: dict[str, float] = {}
