@@ -25,7 +25,7 @@ def socket_path(explicit: str | None = None) -> str:
     if os.environ.get("LARK_SOCKET"):
         return os.environ["LARK_SOCKET"]
     if not os.environ.get("LARK_CONFIG") and not os.path.exists(CONFIG_FILE):
-        return DEFAULT_SOCKET  # no file can move it: skip importing the configuration code (~10 ms)
+        return DEFAULT_SOCKET  # no file can move it: skip importing the configuration code (tens of ms)
     try:
         from ..config import load
         # Not HTCondor's configuration: importing its bindings would cost every job start ~0.1 s. A socket
