@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -63,6 +64,33 @@ def write_launcher(dest: Path) -> Path:
     out.write_text(f"#!{JOB_PY}\nimport sys\nfrom lark.job.wrapper import main\nif __name__ == '__main__':\n"
                    "    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n    sys.exit(main())\n")
     out.chmod(0o755)
+    return out
+
+
+def larkd_setup_ms(host, first: int, n: int) -> list[float]:
+    """larkd's time in JobNetworker.setup for these jobs (its log line per job, from the hop to the worker thread),
+    to tell it apart from the wrapper's start in the end-to-end figure."""
+    want = {f"{first + i}.0" for i in range(n)}
+    got = []
+    for line in (host.tmp / "larkd.log").read_text().splitlines():
+        m = re.search(r"networked job (\S+) on \S+: .* in ([0-9.]+) ms$", line)
+        if m and m.group(1) in want:
+            got.append(float(m.group(2)))
+    return got
+
+
+def wrapper_start_ms(host, stamp: Path, n: int) -> list[float]:
+    """The job's Python starting and importing the wrapper, as the job's user, without any request: the part of
+    the end-to-end figure that is the interpreter's, not larkd's."""
+    from helpers.fakehost import JOB_PY
+    code = "import os, sys; from lark.job import wrapper; os.execv(sys.argv[1], sys.argv[1:])"
+    out = []
+    for _ in range(n):
+        cp = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "env",
+                             f"PYTHONPATH={REPO}", str(stamp), JOB_PY, "-c", code, str(stamp)],
+                            capture_output=True, text=True, check=True)
+        st = stamps(cp.stdout)
+        out.append((st[1] - st[0]) / 1e6)
     return out
 
 
@@ -226,6 +254,10 @@ def main() -> int:
                 seq[k] += got[k]
             fails += got["failures"]
         rows.append(("lark, sequential", len(seq["setup"]), fails, seq["setup"]))
+        inside = larkd_setup_ms(host, 1000, N_SEQ)
+        rows.append(("  of which larkd JobNetworker.setup (its log)", len(inside), 0, inside))
+        starts = wrapper_start_ms(host, stamp, N_SEQ)
+        rows.append(("  of which the wrapper's python start + imports", len(starts), 0, starts))
         rows.append(("lark teardown: the starter waits", len(seq["starter"]), 0, seq["starter"]))
         rows.append(("lark teardown: netns+veth gone after exit", len(seq["gone"]), 0, seq["gone"]))
         cni = cni_run(host, stamp, N_SEQ, 1)
@@ -238,6 +270,8 @@ def main() -> int:
             got = lark_batch(host, stamp, c, 2000 + 1000 * c)
             rates.append(got["rate"])
             rows.append((f"lark, {c} concurrent", len(got["setup"]), got["failures"], got["setup"]))
+            inside = larkd_setup_ms(host, 2000 + 1000 * c, c)
+            rows.append((f"  of which larkd JobNetworker.setup, {c} at once", len(inside), 0, inside))
             rows.append((f"lark teardown, {c} concurrent: the starter waits", len(got["starter"]), 0,
                          got["starter"]))
             rows.append((f"lark teardown, {c} concurrent: gone after exit", len(got["gone"]), 0, got["gone"]))
