@@ -1,17 +1,21 @@
-"""Talking to larkd over its Unix socket."""
+"""Talking to larkd over its Unix socket.
+
+Every job's wrapper runs this before its job starts, so it imports only what costs nothing: the C modules under
+`socket` and `struct` (the `socket` module imports `enum` and `selectors`, several ms of every job's start) and
+the protocol's C JSON codec. `random` is imported only when a retry needs it.
+"""
 from __future__ import annotations
 
-import json
+import _socket
+import _struct
 import os
-import random
-import socket
-import struct
 import time
 
 from .. import protocol
 from ..errors import DaemonBusy, DaemonUnreachable, LarkError
 
 DEFAULT_SOCKET = "/run/lark/lark.sock"
+CONFIG_FILE = "/etc/lark/lark.toml"  # lark.config.DEFAULT_PATH (a unit test keeps the two equal)
 START_LARKD = "start larkd: condor_on -daemon LARKD, or systemctl start larkd"
 
 
@@ -20,6 +24,8 @@ def socket_path(explicit: str | None = None) -> str:
         return explicit
     if os.environ.get("LARK_SOCKET"):
         return os.environ["LARK_SOCKET"]
+    if not os.environ.get("LARK_CONFIG") and not os.path.exists(CONFIG_FILE):
+        return DEFAULT_SOCKET  # no file can move it: skip importing the configuration code (tens of ms)
     try:
         from ..config import load
         # Not HTCondor's configuration: importing its bindings would cost every job start ~0.1 s. A socket
@@ -31,10 +37,10 @@ def socket_path(explicit: str | None = None) -> str:
 
 def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -> dict:
     path = socket_path(path)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     # A blocking connect waits in the kernel's queue while larkd's listen backlog is full (a non-blocking one,
     # which settimeout would make, fails at once with EAGAIN); SO_SNDTIMEO bounds that wait.
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", int(timeout), int(timeout % 1 * 1e6)))
+    s.setsockopt(_socket.SOL_SOCKET, _socket.SO_SNDTIMEO, _struct.pack("ll", int(timeout), int(timeout % 1 * 1e6)))
     try:
         try:
             s.connect(path)
@@ -55,7 +61,7 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
             if not chunk:
                 break
             buf += chunk
-    except socket.timeout:
+    except TimeoutError:  # what socket.timeout is
         raise LarkError(f"larkd did not answer within {timeout:g} s", obj=path, fix="check larkd's log") from None
     except OSError as e:
         raise DaemonUnreachable(f"connection to larkd lost ({e.strerror or e})", obj=path,
@@ -65,7 +71,7 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
     if not buf:
         raise DaemonUnreachable("larkd closed the connection without answering", obj=path, fix="check larkd's log")
     try:
-        answer = json.loads(buf)
+        answer = protocol.loads(buf)
     except ValueError:
         raise LarkError("larkd sent an unreadable answer", obj=path) from None
     if not answer.get("ok"):
@@ -84,6 +90,7 @@ def call_patiently(op: str, *, wait: float, timeout: float = 30.0, **fields) -> 
         try:
             return call(op, timeout=timeout, **fields)
         except DaemonUnreachable:
+            import random  # only when larkd is away: not on every job's start
             pause = delay * random.uniform(0.5, 1.5)
             if time.monotonic() + pause > deadline:
                 raise
