@@ -54,7 +54,10 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
             raise LarkError("permission denied on the larkd socket", obj=path) from None
         except BlockingIOError:
             raise DaemonBusy("larkd's connection queue stayed full", obj=path, fix="retry in a moment") from None
-        s.sendall(protocol.request(op, **fields))
+        try:
+            s.sendall(protocol.request(op, **fields))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # larkd may answer (busy) and close before reading the request: its answer is still to be read
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = s.recv(65536)
