@@ -36,6 +36,18 @@ def pre_address_flows(mac: str) -> list[str]:
             f"priority=95,dl_src={mac},vlan_tci=0,udp,nw_src=0.0.0.0,tp_src=68,tp_dst=67,actions=NORMAL"]
 
 
+def auto6_pre_address_flows(bridge_ipv6: str, mac: str) -> list[str]:
+    """With SLAAC or DHCPv6, until the job's address is known: its router solicitation (so the site's router
+    answers) and, with DHCPv6, larkd's dhcpcd's client messages, from its MAC and a link-local address."""
+    if bridge_ipv6 not in ("slaac", "dhcpv6"):
+        return []
+    own = f"priority=95,dl_src={mac},vlan_tci=0"
+    flows = [f"{own},icmp6,ipv6_src=fe80::/10,icmp_type=133,actions=NORMAL"]
+    if bridge_ipv6 == "dhcpv6":
+        flows.append(f"{own},udp6,ipv6_src=fe80::/10,tp_src=546,tp_dst=547,actions=NORMAL")
+    return flows
+
+
 def allowlist_flows(plan: JobNetwork, mac: str) -> list[str]:
     """What may enter the switch from a job's port once its address is known (on top of the pre-address
     flows, whose priority-90 drop ends the list): the job's MAC, untagged, with its own IPv4 address, ARP for
@@ -127,9 +139,8 @@ class OvsMode(BridgedMode):
             args += [f"tag={int(plan.vlan)}"]
         self.vsctl(*args)
         pre = pre_address_flows(names.job_mac)
-        if self.cfg.bridge_ipv6 == "slaac" and plan.wants_ipv6:
-            # Its router solicitation, so the site's router answers before the job's address is known.
-            pre.append(f"priority=95,dl_src={names.job_mac},vlan_tci=0,icmp6,icmp_type=133,actions=NORMAL")
+        if plan.wants_ipv6:
+            pre += auto6_pre_address_flows(self.cfg.bridge_ipv6, names.job_mac)
         self.ofctl("add-flows", "-", input="".join(f"cookie={cookie_of(names.key)},in_port={port},{f}\n"
                                                      for f in pre))
         # The host end is still a plain netdev for the kernel: with the default arp_ignore=0 it answers the
