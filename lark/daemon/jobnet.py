@@ -326,6 +326,7 @@ class JobNetworker:
             summary["link_packets_out"] = link["rx_packets"]
         # Before the netns goes: a running client would keep the namespace alive.
         errors.run("stop the DHCPv6 client", dhcp6.stop, self.cfg, key)
+        errors.run("stop the IPv6 DNS relay", dns.dns6.stop_relay, self.cfg, self.netns_path(key))
         errors.run(f"remove netns {n.netns}", netns.detach, self.netns_path(key))
         for pool in self.pools:
             errors.run(f"release the {pool.what}", pool.release, key)

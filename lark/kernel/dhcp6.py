@@ -20,13 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import time
 
 from pyroute2 import IPRoute
 
 from ..config import Config
 from ..errors import LarkError
+from . import jobproc
 from .firewall.base import run_tool
 from .ipv6auto import slaac_address
 
@@ -62,7 +62,7 @@ def client_argv(cfg: Config, key: str, netns_path: str, job_if: str, timeout: fl
             job_if]
 
 
-def _prepare_dir(cfg: Config, key: str, netns_inode: int) -> str:
+def _prepare_dir(cfg: Config, key: str, netns_path: str) -> str:
     parent = os.path.join(cfg.run_dir, "dhcp6")
     os.makedirs(parent, mode=0o700, exist_ok=True)
     os.chmod(parent, 0o700)  # the jobs' control sockets are below: root only
@@ -73,8 +73,7 @@ def _prepare_dir(cfg: Config, key: str, netns_inode: int) -> str:
         os.makedirs(os.path.join(d, sub), mode=0o755)
     with open(os.path.join(d, "dhcpcd.conf"), "w") as f:
         f.write(CONFIG)
-    with open(os.path.join(d, "netns_inode"), "w") as f:
-        f.write(str(netns_inode))
+    jobproc.record_netns(d, netns_path)
     return d
 
 
@@ -82,8 +81,7 @@ def acquire(cfg: Config, key: str, netns_path: str, job_if: str, nipr: IPRoute, 
             timeout: float) -> tuple[str, int]:
     """Start the job's dhcpcd and return the leased address once the job's device has it and a default route
     (from the site's router advertisement). On failure, the caller's teardown stops what was started."""
-    netns_inode = os.stat(netns_path).st_ino
-    _prepare_dir(cfg, key, netns_inode)
+    _prepare_dir(cfg, key, netns_path)
     obj = "IPv6 by DHCPv6 (bridge_ipv6 = \"dhcpv6\")"
     if shutil.which(CLIENT) is None:
         raise LarkError("dhcpcd is not installed", job=job, obj=obj,
@@ -114,22 +112,14 @@ def acquire(cfg: Config, key: str, netns_path: str, job_if: str, nipr: IPRoute, 
 
 
 def running_pid(cfg: Config, key: str) -> int | None:
-    """The job's dhcpcd manager, if it still runs: a pid from its pid file that is a dhcpcd in the job's netns
-    (dhcpcd rewrites its command line, so the netns it sits in is what tells it from a reused pid)."""
-    d = job_dir(cfg, key)
+    """The job's dhcpcd manager, if it still runs (dhcpcd rewrites its command line, so the netns it sits in is
+    what tells it from a reused pid)."""
+    run = os.path.join(job_dir(cfg, key), "run")
     try:
-        want = int(open(os.path.join(d, "netns_inode")).read())
-        pids = [int(open(os.path.join(d, "run", name)).read().strip())
-                for name in os.listdir(os.path.join(d, "run")) if name.endswith(".pid")]
-    except (OSError, ValueError):
+        pid_files = [os.path.join(run, n) for n in os.listdir(run) if n.endswith(".pid")]
+    except OSError:
         return None
-    for pid in pids:
-        try:
-            if open(f"/proc/{pid}/comm").read().strip() == CLIENT and os.stat(f"/proc/{pid}/ns/net").st_ino == want:
-                return pid
-        except OSError:
-            continue
-    return None
+    return jobproc.find(job_dir(cfg, key), pid_files, CLIENT)
 
 
 def stop(cfg: Config, key: str) -> bool:
@@ -137,23 +127,9 @@ def stop(cfg: Config, key: str) -> bool:
     True when a client was running."""
     pid = running_pid(cfg, key)
     if pid is not None:
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 3
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if _alive(pid):
-            log.warning("dhcpcd %d of %s ignored SIGTERM; killing it", pid, key)
-            os.kill(pid, signal.SIGKILL)
+        jobproc.stop(pid, f"dhcpcd of {key}")
     shutil.rmtree(job_dir(cfg, key), ignore_errors=True)
     return pid is not None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        # A zombie has ended: its state is Z (it waits for a parent that is not larkd to reap it).
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def job_keys(cfg: Config) -> set[str]:

@@ -75,7 +75,7 @@ def test_a_pid_file_naming_another_process_is_not_our_client(tmp_path):
     cfg = Config(run_dir=str(tmp_path))
     assert dhcp6.running_pid(cfg, "slot1") is None
     assert dhcp6.stop(cfg, "slot1") is False            # nothing there: safe to repeat
-    d = dhcp6._prepare_dir(cfg, "slot1", os.stat(f"/proc/{os.getpid()}/ns/net").st_ino)
+    d = dhcp6._prepare_dir(cfg, "slot1", f"/proc/{os.getpid()}/ns/net")
     assert oct(os.stat(os.path.dirname(d)).st_mode & 0o777) == "0o700"
     with open(os.path.join(d, "run", "eth0-6.pid"), "w") as f:
         f.write(str(os.getpid()))                      # a reused pid: in the right netns, but not a dhcpcd
