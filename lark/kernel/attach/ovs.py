@@ -73,6 +73,18 @@ def cookie_of(key: str) -> str:
     return "0x" + hashlib.sha256(("ovs:" + key).encode()).hexdigest()[:15]
 
 
+# The bridge's own flows (not a job's): a cookie no job key can produce (job cookies hash "ovs:<key>").
+UPLINK_GUARD_COOKIE = "0x" + hashlib.sha256(b"ovs-bridge:uplink-guard").hexdigest()[:15]
+
+
+def uplink_guard_flows(uplink: str, dns_address: str) -> list[str]:
+    """What the site side may not send into the bridge: anything for the host's DNS forwarder (lark/kernel/dns.py).
+    OVS jobs reach the forwarder through the bridge's internal port, where the host firewall can tell them only by
+    source address (their ports pin it); a site neighbour sending from the uplink with a job's address would pass
+    that check. Only jobs, from their own ports, talk to the forwarder."""
+    return [f"priority=120,in_port={uplink},ip,nw_dst={dns_address},actions=drop"]
+
+
 class OvsMode(BridgedMode):
     name = "ovs_bridge"
     counts_by_link = True
@@ -105,7 +117,19 @@ class OvsMode(BridgedMode):
             log.info("created OVS bridge %s (datapath %s)", self.br, dp)
             if self.cfg.ovs_uplink:
                 self._add_uplink(ipr)
+        self._guard_uplink()
         self._ready = True
+
+    def _guard_uplink(self) -> None:
+        """(Re)install the uplink's guard flows; flows do not outlive ovs-vswitchd, so every larkd start does it."""
+        if not (self.cfg.ovs_uplink and self.cfg.dns_forward):
+            return
+        if self.cfg.ovs_uplink not in self.ports_before:
+            log.warning("OVS uplink %s is not a port of %s: no guard flows for the DNS forwarder on it",
+                        self.cfg.ovs_uplink, self.br)
+            return
+        flows = uplink_guard_flows(self.cfg.ovs_uplink, self.cfg.dns_address)
+        self.ofctl("add-flows", "-", input="".join(f"cookie={UPLINK_GUARD_COOKIE},{f}\n" for f in flows))
 
     def _add_uplink(self, ipr: IPRoute) -> None:
         up = ipr.link_lookup(ifname=self.cfg.ovs_uplink)
