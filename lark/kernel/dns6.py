@@ -73,3 +73,12 @@ def stop_relay(cfg: Config, netns_path: str) -> bool:
         jobproc.stop(pid, f"DNS relay of {os.path.basename(netns_path)}")
     shutil.rmtree(relay_dir(cfg, netns_path), ignore_errors=True)
     return pid is not None
+
+
+def job_keys(cfg: Config) -> set[str]:
+    """Keys of jobs with a relay directory (for gc); the directories are named after the job's netns."""
+    try:
+        names = os.listdir(os.path.join(cfg.run_dir, "dns6"))
+    except OSError:
+        return set()
+    return {n[len(cfg.netns_prefix):] for n in names if n.startswith(cfg.netns_prefix)}

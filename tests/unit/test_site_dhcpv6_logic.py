@@ -103,3 +103,25 @@ def test_teardown_stops_the_client_before_the_netns_and_goes_on_past_its_failure
     assert k.calls.index("dhcp6.stop") < k.calls.index("netns.detach")
     assert k.of_key("slot1") == set()                  # everything else went
     assert net.records.load("slot1").phase == "tearing-down"  # kept, so gc retries
+
+
+def test_doctor_names_the_package_when_dhcpv6_is_configured_without_dhcpcd():
+    from lark import hostcheck
+    assert hostcheck.dhcpv6_client(Config(), which=lambda name: None) == []
+    missing = hostcheck.dhcpv6_client(Config(bridge_ipv6="dhcpv6"), which=lambda name: None)
+    assert len(missing) == 1 and not missing[0].ok and "dhcpcd-base" in missing[0].fix
+    found = hostcheck.dhcpv6_client(Config(bridge_ipv6="dhcpv6"), which=lambda name: "/usr/sbin/" + name)
+    assert found[0].ok and found[0].found == "/usr/sbin/dhcpcd"
+
+
+def test_gc_finds_and_stops_daemons_left_in_a_jobs_netns_after_its_name_is_gone(tmp_path, monkeypatch):
+    net, k = fake_networker(str(tmp_path), monkeypatch)
+    from lark.daemon.sweep import sweep
+    from lark.kernel import dns6
+    os.makedirs(os.path.join(dhcp6.job_dir(net.cfg, "slot9"), "run"))
+    os.makedirs(dns6.relay_dir(net.cfg, net.netns_path("slot9")))
+    os.makedirs(dhcp6.job_dir(net.cfg, "slot8"))   # a running job's: kept
+    assert sweep(net, keep={"slot8"}, others=[]) == ["slot9: DHCPv6 client, IPv6 DNS relay"]
+    assert not os.path.exists(dhcp6.job_dir(net.cfg, "slot9"))
+    assert not os.path.exists(dns6.relay_dir(net.cfg, net.netns_path("slot9")))
+    assert os.path.exists(dhcp6.job_dir(net.cfg, "slot8"))

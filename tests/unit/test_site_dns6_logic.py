@@ -77,3 +77,11 @@ def test_stopping_a_relay_that_never_ran_is_safe(tmp_path):
         f.write(str(os.getpid()))  # a reused pid in the right netns that is not a dnsmasq: never signalled
     assert dns6.stop_relay(cfg, "/run/netns/lark-slot1") is False and not os.path.exists(d)
 
+
+
+def test_doctor_counts_an_ipv6_loopback_resolver(tmp_path):
+    from lark import hostcheck
+    p = tmp_path / "resolv.conf"
+    p.write_text("nameserver ::1\n")
+    f = hostcheck.resolver(Config(resolv_conf=str(p)), which=lambda name: None)
+    assert not f.ok and f.found == "::1" and "dnsmasq-base" in f.fix
