@@ -3,7 +3,8 @@ PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-switch iperf3 \
-                containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates
+                containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates \
+                dhcpcd-base
 
 .PHONY: deps test unit integration e2e e2e-pool testbed demo demo-pool demo-fake bench clean
 

@@ -96,9 +96,11 @@ class Config:
     # names; "" = this machine's /etc/machine-id. Set it per EP where EPs share a machine id (cloned images).
     job_mac_seed: str = ""
     # IPv6 of bridged/OVS jobs: "static" (bridge_range6) or "slaac" (the site's router advertisements, accepted
-    # only from the uplink side; the job's address is EUI-64 of its MAC), and how long to wait for one.
+    # only from the uplink side; the job's address is EUI-64 of its MAC), and how long to wait for one; or
+    # "dhcpv6" (a lease from the site's DHCPv6 server through dhcpcd, routes from its router advertisements).
     bridge_ipv6: str = "static"
     slaac_timeout: float = 5.0          # seconds to wait for a router advertisement (bridge_ipv6 = "slaac")
+    dhcpv6_timeout: float = 10.0        # seconds to wait for a DHCPv6 lease and a route (bridge_ipv6 = "dhcpv6")
     dhcp_release: bool = False          # release a job's lease when it ends (else cache it for the slot's next job)
     dhcp_renew_interval: float = 0.0    # renew at least this often (s); 0: at the server's T1 only
     ovs_bridge_name: str = "lkovs0"     # Open vSwitch mode ("ovs_bridge"; same addressing knobs as bridge mode)
@@ -260,10 +262,13 @@ class Config:
                       'use a link-local address outside every job network, e.g. "169.254.53.53"')
         if not os.path.isabs(self.resolv_conf):
             raise bad("resolv_conf", f"{self.resolv_conf!r} is not an absolute path", "e.g. /etc/resolv.conf")
-        if self.bridge_ipv6 not in ("static", "slaac"):
-            raise bad("bridge_ipv6", f"unknown IPv6 addressing {self.bridge_ipv6!r}", 'use "static" or "slaac"')
+        if self.bridge_ipv6 not in ("static", "slaac", "dhcpv6"):
+            raise bad("bridge_ipv6", f"unknown IPv6 addressing {self.bridge_ipv6!r}",
+                      'use "static", "slaac" or "dhcpv6"')
         if not 0 < self.slaac_timeout <= 60:
             raise bad("slaac_timeout", f"{self.slaac_timeout} is not a wait", "use seconds, e.g. 5")
+        if not 1 <= self.dhcpv6_timeout <= 120:
+            raise bad("dhcpv6_timeout", f"{self.dhcpv6_timeout} is not a wait", "use seconds, e.g. 10")
         if self.job_mtu and not 576 <= self.job_mtu <= 65535:
             raise bad("job_mtu", f"{self.job_mtu} is not an MTU", "use 0 (follow the uplink) or 576-65535")
         self.default_bandwidth = str(self.default_bandwidth)

@@ -107,7 +107,7 @@ def firewalls(run: Runner, cfg: Config) -> list[Finding]:
 
 def resolver(cfg: Config, which: Callable[[str], str | None] = shutil.which) -> Finding:
     from .kernel.dns import forwarder_status, loopback_nameservers
-    loop = loopback_nameservers(cfg.resolv_conf)
+    loop = loopback_nameservers(cfg.resolv_conf) + loopback_nameservers(cfg.resolv_conf, 6)
     found = ", ".join(loop) or "no loopback nameserver"
     if loop and cfg.dns_forward and not which("dnsmasq"):
         return Finding("DNS", found, False, "jobs cannot resolve names: the forwarder needs dnsmasq",
@@ -116,8 +116,19 @@ def resolver(cfg: Config, which: Callable[[str], str | None] = shutil.which) -> 
     return Finding("DNS", found, ok, forwarder_status(cfg), "" if ok else "set dns_forward = true in lark.toml")
 
 
+def dhcpv6_client(cfg: Config, which: Callable[[str], str | None] = shutil.which) -> list[Finding]:
+    """With bridge_ipv6 = "dhcpv6", larkd runs dhcpcd for every bridged/OVS job that wants IPv6."""
+    if cfg.bridge_ipv6 != "dhcpv6":
+        return []
+    if not which("dhcpcd"):
+        return [Finding("DHCPv6", "dhcpcd not found", False, "bridged jobs that want IPv6 fail to start",
+                        "apt-get install dhcpcd-base (Debian, Ubuntu) or dnf install dhcpcd (EL9); do not enable "
+                        "its service")]
+    return [Finding("DHCPv6", which("dhcpcd") or "dhcpcd", True, "larkd runs it in each job's netns")]
+
+
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
-    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg)]
+    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg)]
 
 
 def report(findings: list[Finding]) -> tuple[str, int]:

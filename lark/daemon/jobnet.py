@@ -13,7 +13,7 @@ import time
 
 from pyroute2 import IPRoute
 
-from ..kernel import dhcp, dns, ipv6auto, links, mtu, netns, shaping
+from ..kernel import dhcp, dhcp6, dns, ipv6auto, links, mtu, netns, shaping
 from ..kernel.fairshare import FairShare, link_jobs, shares
 from ..kernel.firewall import job_netns
 from ..kernel.accounting import Accountant, link_reading
@@ -133,7 +133,7 @@ class JobNetworker:
                 if mode.bridged and not plan.inbound:
                     # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
                     # job's own netns, where the job has no CAP_NET_ADMIN to change it.
-                    job_netns.block_inbound(ns_fd, plan.job_id)
+                    job_netns.block_inbound(ns_fd, plan.job_id, self._dhcpv6(plan, mode))
                 self.fw.add_job(net, n)
                 # Before the answer to the wrapper: the pool switch has the job's flows before its program runs.
                 self.controller.register(net, n.job_mac if mode.bridged else "")
@@ -150,8 +150,9 @@ class JobNetworker:
         use_dhcp = mode.bridged and plan.address_type == "dhcp" and plan.wants_ipv4
         if plan.wants_ipv4 and not use_dhcp:
             got.update(ipv4=mode.pool.reserve(plan.key, plan.job_id), gateway4=mode.gateway, ipv4_prefix=mode.prefix)
-        if self._slaac(plan, mode):
-            ipv6auto.prepare_job_netns(ns_fd)  # the address comes from the site's router (in _address)
+        if self._slaac(plan, mode) or self._dhcpv6(plan, mode):
+            # The address comes from the site's router or DHCPv6 server (in _address).
+            ipv6auto.prepare_job_netns(ns_fd, autoconf=self._slaac(plan, mode))
         elif plan.wants_ipv6:
             if mode.pool6 is None:
                 raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
@@ -187,10 +188,20 @@ class JobNetworker:
             net = net.with_addresses(ipv6=ipv6, ipv6_prefix=prefix)
             rec.plan = net.to_dict()
             self.records.save(rec)
+        elif self._dhcpv6(net.plan, mode):
+            n = self.names(net.plan.key)
+            ipv6, prefix = dhcp6.acquire(self.cfg, net.plan.key, self.netns_path(net.plan.key), n.job_if, nipr, idx,
+                                         net.plan.job_id, self.cfg.dhcpv6_timeout)
+            net = net.with_addresses(ipv6=ipv6, ipv6_prefix=prefix)
+            rec.plan = net.to_dict()
+            self.records.save(rec)
         return net
 
     def _slaac(self, plan: NetworkPlan, mode: AttachMode) -> bool:
         return mode.bridged and plan.wants_ipv6 and self.cfg.bridge_ipv6 == "slaac"
+
+    def _dhcpv6(self, plan: NetworkPlan, mode: AttachMode) -> bool:
+        return mode.bridged and plan.wants_ipv6 and self.cfg.bridge_ipv6 == "dhcpv6"
 
     def _dhcp_lease(self, plan: NetworkPlan, n: JobNames, ns_fd: int) -> dhcp.Lease:
         """The slot's cached lease while it is fresh (no DISCOVER at all), else a new one from the server."""
@@ -313,6 +324,9 @@ class JobNetworker:
             summary["link_packets_in"] = link["tx_packets"]
             summary["link_bytes_out"] = link["rx_bytes"]
             summary["link_packets_out"] = link["rx_packets"]
+        # Before the netns goes: a running client would keep the namespace alive.
+        errors.run("stop the DHCPv6 client", dhcp6.stop, self.cfg, key)
+        errors.run("stop the IPv6 DNS relay", dns.dns6.stop_relay, self.cfg, self.netns_path(key))
         errors.run(f"remove netns {n.netns}", netns.detach, self.netns_path(key))
         for pool in self.pools:
             errors.run(f"release the {pool.what}", pool.release, key)

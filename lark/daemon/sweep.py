@@ -7,7 +7,7 @@ import logging
 from pyroute2 import IPRoute
 
 from ..errors import LarkError
-from ..kernel import links, netns
+from ..kernel import dhcp6, dns6, links, netns
 from ..kernel.firewall import Firewall, other_firewalls
 from . import peercred
 from .jobnet import JobNetworker
@@ -56,6 +56,11 @@ def find_orphans(net: JobNetworker, keep: set[str], others: list[Firewall] | Non
     for pool in net.pools:
         for item, owner in pool.entries():
             add(owner, f"{pool.what} lock {item}")
+    # Daemons in a job's netns keep it alive after its name is gone; their directories name the job.
+    for key in dhcp6.job_keys(cfg):
+        add(key, "DHCPv6 client")
+    for key in dns6.job_keys(cfg):
+        add(key, "IPv6 DNS relay")
     return found
 
 

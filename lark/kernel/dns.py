@@ -34,7 +34,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from ..config import Config
 from ..errors import LarkError
-from . import netns
+from . import dns6, netns
 from .firewall import libnft
 from .firewall.base import run_tool
 
@@ -43,8 +43,9 @@ DEVICE = "lkdns0"
 RTNH_F_ONLINK = 4
 
 
-def loopback_nameservers(path: str) -> list[str]:
-    """IPv4 nameservers of a resolv.conf that a job cannot reach from its own netns (127.0.0.0/8)."""
+def loopback_nameservers(path: str, version: int = 4) -> list[str]:
+    """Nameservers of a resolv.conf that a job cannot reach from its own netns: IPv4 (127.0.0.0/8) or, with
+    version=6, IPv6 (::1; answered by a relay in the job's netns, dns6.py)."""
     try:
         with open(path) as f:
             text = f.read()
@@ -59,11 +60,8 @@ def loopback_nameservers(path: str) -> list[str]:
                 addr = ipaddress.ip_address(parts[1].split("%", 1)[0])
             except ValueError:
                 continue
-            if addr.is_loopback and addr.version == 4 and str(addr) not in out:
+            if addr.is_loopback and addr.version == version and str(addr) not in out:
                 out.append(str(addr))
-            elif addr.is_loopback:
-                log.warning("nameserver %s in %s is IPv6 loopback: jobs cannot use it (only IPv4 loopback "
-                            "resolvers are steered)", addr, path)
     return out
 
 
@@ -105,6 +103,11 @@ def steer_job(ns_fd: int, netns_path: str, job_if: str, job_idx: int, nameserver
         run_tool(["nsenter", f"--net={netns_path}", "nft", "-f", "-"], input=rules, what=f"DNS steering of job {job}")
     elif got[0] != 0:
         raise LarkError(f"nft failed: {got[2].strip()[:300]}", job=job, obj="DNS steering in the job's netns")
+    route_to_forwarder(ns_fd, job_idx, service, via)
+
+
+def route_to_forwarder(ns_fd: int, job_idx: int, service: str, via: str | None) -> None:
+    """A bridged job's host route to the forwarder's address, via the host's address on its network."""
     if via:
         with netns.netlink_in(ns_fd) as nipr:
             nipr.route("add", dst=f"{service}/32", gateway=via, oif=job_idx, flags=RTNH_F_ONLINK)
@@ -132,6 +135,11 @@ class Forwarder:
     def wanted(self) -> list[str]:
         """The loopback nameservers jobs must be steered away from ([] when there is nothing to do)."""
         return loopback_nameservers(self.cfg.resolv_conf) if self.cfg.dns_forward else []
+
+    @property
+    def wanted6(self) -> list[str]:
+        """The IPv6 loopback nameservers (::1) a relay in each job's netns must answer on."""
+        return loopback_nameservers(self.cfg.resolv_conf, 6) if self.cfg.dns_forward else []
 
     def running_pid(self) -> int | None:
         try:
@@ -174,8 +182,10 @@ class Forwarder:
         ipr.link("set", index=idx[0], state="up")
 
     def argv(self) -> list[str]:
+        # No --interface: with one, dnsmasq also listens on lo (127.0.0.1 and ::1), where the host's own
+        # resolver (the one it forwards to) may be listening.
         return ["dnsmasq", "--conf-file=/dev/null", f"--pid-file={self.pid_file}",
-                f"--listen-address={self.cfg.dns_address}", "--bind-interfaces", f"--interface={DEVICE}",
+                f"--listen-address={self.cfg.dns_address}", "--bind-interfaces",
                 f"--no-dhcp-interface={DEVICE}", f"--resolv-file={self.cfg.resolv_conf}", "--no-hosts"]
 
     def _start(self) -> None:
@@ -222,7 +232,7 @@ class Forwarder:
 
 def forwarder_status(cfg: Config) -> str:
     """One line for `lark doctor` / status: what Lark does about the host's resolver."""
-    loop = loopback_nameservers(cfg.resolv_conf)
+    loop = loopback_nameservers(cfg.resolv_conf) + loopback_nameservers(cfg.resolv_conf, 6)
     if not loop:
         return f"{cfg.resolv_conf}: no loopback nameserver, jobs use it as it is"
     if not cfg.dns_forward:
@@ -236,15 +246,18 @@ def forwarder_status(cfg: Config) -> str:
 def setup_job(fwd: Forwarder, ipr: IPRoute, network_type: str, ipv4: str | None, ns_fd: int, netns_path: str,
               job_if: str, job_idx: int, job: str) -> list[str]:
     """Steer one job's DNS for the host's loopback nameservers to the forwarder; the nameservers steered."""
-    servers = fwd.wanted
-    if not servers or not ipv4:
+    servers, servers6 = fwd.wanted, fwd.wanted6
+    if servers6 and not ipv4:
+        # The relay forwards to the forwarder's IPv4 address over the job's link.
+        log.warning("job %s has no IPv4 address, so it cannot resolve names through %s", job, ", ".join(servers6))
+    if not (servers or servers6) or not ipv4:
         return []
     try:
         fwd.ensure(ipr)
     except LarkError as e:
         # A job without name resolution still runs (as it would without Lark); `lark doctor` names the fix.
         log.error("job %s: no DNS forwarder, so it cannot resolve names through %s: %s", job,
-                  ", ".join(servers), e)
+                  ", ".join(servers + servers6), e)
         return []
     via = None
     if network_type != "nat":
@@ -254,5 +267,15 @@ def setup_job(fwd: Forwarder, ipr: IPRoute, network_type: str, ipv4: str | None,
             log.warning("job %s: the host has no IPv4 address on %s, so the job cannot reach the DNS forwarder "
                         "for %s", job, device, ", ".join(servers))
             return []
-    steer_job(ns_fd, netns_path, job_if, job_idx, servers, fwd.cfg.dns_address, via, job)
-    return servers
+    if servers:
+        steer_job(ns_fd, netns_path, job_if, job_idx, servers, fwd.cfg.dns_address, via, job)
+    else:
+        route_to_forwarder(ns_fd, job_idx, fwd.cfg.dns_address, via)
+    if servers6:
+        try:
+            dns6.start_relay(fwd.cfg, netns_path, servers6, job)
+        except LarkError as e:
+            # As without a forwarder: the job runs, without name resolution through ::1.
+            log.error("job %s: no DNS relay, so it cannot resolve names through %s: %s", job, ", ".join(servers6), e)
+            return servers
+    return servers + servers6

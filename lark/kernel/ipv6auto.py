@@ -20,9 +20,13 @@ IFA_F_TENTATIVE = 0x40
 RT_SCOPE_UNIVERSE = 0
 
 
-def prepare_job_netns(ns_fd: int) -> None:
-    """Before the job's device exists, so it inherits them: accept RAs, autoconfigure, solicit at once."""
-    for key, value in (("accept_ra", "1"), ("autoconf", "1"), ("router_solicitation_delay", "0"),
+def prepare_job_netns(ns_fd: int, autoconf: bool = True) -> None:
+    """Before the job's device exists, so it inherits them: accept RAs, autoconfigure (not with DHCPv6, whose
+    lease is then the device's only global address), solicit at once."""
+    # Solicit again after 1 s, not the default 4: a router advertisement sent while the job's port is joining a
+    # bridge that has just been created can be lost (measured: the first job's route then came ~4 s late).
+    for key, value in (("accept_ra", "1"), ("autoconf", "1" if autoconf else "0"), ("router_solicitation_delay", "0"),
+                       ("router_solicitation_interval", "1"),
                        ("accept_dad", "0"), ("use_tempaddr", "0")):
         netns.write_sysctl_in(ns_fd, f"net.ipv6.conf.default.{key}", value)
 

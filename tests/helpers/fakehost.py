@@ -169,7 +169,10 @@ class FakeHost:
         if self.ovs:
             ovs_ports = [p for p in self.ovs.vsctl("list-ports", self.cfg.ovs_bridge_name).split()
                          if p.startswith("lk-")] if self.ovs.vsctl("list-br").split() else []
-            ovs_ports += [f"flow {line.strip()}" for line in self.ovs_flows() if "cookie=0x0" not in line]
+            from lark.kernel.attach.ovs import UPLINK_GUARD_COOKIE  # the bridge's own flows, not a job's
+            bridge_own = {"0x0", hex(int(UPLINK_GUARD_COOKIE, 16))}
+            ovs_ports += [f"flow {line.strip()}" for line in self.ovs_flows()
+                          if line.split("cookie=", 1)[1].split(",", 1)[0] not in bridge_own]
             out["ovs"] = ovs_ports
         return out
 

@@ -21,7 +21,7 @@ def resolve(name: str, server: str, proto: str) -> dict:
                 while len(reply) < size:
                     reply += s.recv(size - len(reply))
         else:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            with socket.socket(socket.AF_INET6 if ":" in server else socket.AF_INET, socket.SOCK_DGRAM) as s:
                 s.settimeout(3)
                 s.sendto(query, (server, 53))
                 reply = s.recvfrom(4096)[0]

@@ -36,6 +36,18 @@ def pre_address_flows(mac: str) -> list[str]:
             f"priority=95,dl_src={mac},vlan_tci=0,udp,nw_src=0.0.0.0,tp_src=68,tp_dst=67,actions=NORMAL"]
 
 
+def auto6_pre_address_flows(bridge_ipv6: str, mac: str) -> list[str]:
+    """With SLAAC or DHCPv6, until the job's address is known: its router solicitation (so the site's router
+    answers) and, with DHCPv6, larkd's dhcpcd's client messages, from its MAC and a link-local address."""
+    if bridge_ipv6 not in ("slaac", "dhcpv6"):
+        return []
+    own = f"priority=95,dl_src={mac},vlan_tci=0"
+    flows = [f"{own},icmp6,ipv6_src=fe80::/10,icmp_type=133,actions=NORMAL"]
+    if bridge_ipv6 == "dhcpv6":
+        flows.append(f"{own},udp6,ipv6_src=fe80::/10,tp_src=546,tp_dst=547,actions=NORMAL")
+    return flows
+
+
 def allowlist_flows(plan: JobNetwork, mac: str) -> list[str]:
     """What may enter the switch from a job's port once its address is known (on top of the pre-address
     flows, whose priority-90 drop ends the list): the job's MAC, untagged, with its own IPv4 address, ARP for
@@ -59,6 +71,18 @@ def allowlist_flows(plan: JobNetwork, mac: str) -> list[str]:
 
 def cookie_of(key: str) -> str:
     return "0x" + hashlib.sha256(("ovs:" + key).encode()).hexdigest()[:15]
+
+
+# The bridge's own flows (not a job's): a cookie no job key can produce (job cookies hash "ovs:<key>").
+UPLINK_GUARD_COOKIE = "0x" + hashlib.sha256(b"ovs-bridge:uplink-guard").hexdigest()[:15]
+
+
+def uplink_guard_flows(uplink: str, dns_address: str) -> list[str]:
+    """What the site side may not send into the bridge: anything for the host's DNS forwarder (lark/kernel/dns.py).
+    OVS jobs reach the forwarder through the bridge's internal port, where the host firewall can tell them only by
+    source address (their ports pin it); a site neighbour sending from the uplink with a job's address would pass
+    that check. Only jobs, from their own ports, talk to the forwarder."""
+    return [f"priority=120,in_port={uplink},ip,nw_dst={dns_address},actions=drop"]
 
 
 class OvsMode(BridgedMode):
@@ -93,7 +117,19 @@ class OvsMode(BridgedMode):
             log.info("created OVS bridge %s (datapath %s)", self.br, dp)
             if self.cfg.ovs_uplink:
                 self._add_uplink(ipr)
+        self._guard_uplink()
         self._ready = True
+
+    def _guard_uplink(self) -> None:
+        """(Re)install the uplink's guard flows; flows do not outlive ovs-vswitchd, so every larkd start does it."""
+        if not (self.cfg.ovs_uplink and self.cfg.dns_forward):
+            return
+        if self.cfg.ovs_uplink not in self.ports_before:
+            log.warning("OVS uplink %s is not a port of %s: no guard flows for the DNS forwarder on it",
+                        self.cfg.ovs_uplink, self.br)
+            return
+        flows = uplink_guard_flows(self.cfg.ovs_uplink, self.cfg.dns_address)
+        self.ofctl("add-flows", "-", input="".join(f"cookie={UPLINK_GUARD_COOKIE},{f}\n" for f in flows))
 
     def _add_uplink(self, ipr: IPRoute) -> None:
         up = ipr.link_lookup(ifname=self.cfg.ovs_uplink)
@@ -127,9 +163,8 @@ class OvsMode(BridgedMode):
             args += [f"tag={int(plan.vlan)}"]
         self.vsctl(*args)
         pre = pre_address_flows(names.job_mac)
-        if self.cfg.bridge_ipv6 == "slaac" and plan.wants_ipv6:
-            # Its router solicitation, so the site's router answers before the job's address is known.
-            pre.append(f"priority=95,dl_src={names.job_mac},vlan_tci=0,icmp6,icmp_type=133,actions=NORMAL")
+        if plan.wants_ipv6:
+            pre += auto6_pre_address_flows(self.cfg.bridge_ipv6, names.job_mac)
         self.ofctl("add-flows", "-", input="".join(f"cookie={cookie_of(names.key)},in_port={port},{f}\n"
                                                      for f in pre))
         # The host end is still a plain netdev for the kernel: with the default arp_ignore=0 it answers the

@@ -19,8 +19,16 @@ RULES = """table inet lark_job {
 """
 
 
-def block_inbound(ns_fd: int, job: str) -> None:
-    """No new connections into the job; replies to its own connections pass."""
-    rc, _, err = libnft.run_in_netns(ns_fd, RULES)
+# The site's DHCPv6 server answers larkd's dhcpcd (renewals go to a multicast group) from a unicast address:
+# conntrack cannot tie that answer to the request. Port 546 is privileged: no job process can bind it, so this
+# reaches dhcpcd only (which checks the transaction id and the server's DUID).
+DHCPV6_REPLIES = '    meta nfproto ipv6 udp sport 547 udp dport 546 accept\n'
+
+
+def block_inbound(ns_fd: int, job: str, dhcpv6_client: bool = False) -> None:
+    """No new connections into the job; replies to its own connections pass (and, with larkd's DHCPv6
+    client in the netns, the DHCPv6 server's answers)."""
+    rules = RULES.replace("  }\n}\n", DHCPV6_REPLIES + "  }\n}\n") if dhcpv6_client else RULES
+    rc, _, err = libnft.run_in_netns(ns_fd, rules)
     if rc != 0:
         raise LarkError(f"nft failed: {err.strip()[:300]}", job=job, obj="inbound filter in the job's netns")

@@ -258,14 +258,22 @@ class NftablesFirewall(Firewall):
                            t=tb)]
 
     def _rs_before_address(self) -> list[dict]:
-        """While larkd waits for a SLAAC address (the job is not running yet), its port may solicit a router."""
-        if self.cfg.bridge_ipv6 != "slaac":
+        """While larkd waits for a SLAAC or DHCPv6 address (the job is not running yet), its port may solicit a
+        router and, with DHCPv6, send DHCPv6 client messages, from a link-local address."""
+        if self.cfg.bridge_ipv6 not in ("slaac", "dhcpv6"):
             return []
-        return [self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip6"),
-                           {"match": {"op": "==", "left": _payload("ip6", "saddr"),
-                                      "right": {"prefix": {"addr": "fe80::", "len": 10}}}},
-                           {"match": {"op": "==", "left": _payload("icmpv6", "type"), "right": "nd-router-solicit"}},
-                           {"accept": None}, t=self.tb)]
+        link_local = {"match": {"op": "==", "left": _payload("ip6", "saddr"),
+                                "right": {"prefix": {"addr": "fe80::", "len": 10}}}}
+        rules = [self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip6"), link_local,
+                            {"match": {"op": "==", "left": _payload("icmpv6", "type"), "right": "nd-router-solicit"}},
+                            {"accept": None}, t=self.tb)]
+        if self.cfg.bridge_ipv6 == "dhcpv6":
+            rules.append(self._rule("pre", _meta("iifname", WILDCARD), _meta("protocol", "ip6"), link_local,
+                                    _meta("l4proto", "udp"),
+                                    {"match": {"op": "==", "left": _payload("th", "sport"), "right": 546}},
+                                    {"match": {"op": "==", "left": _payload("th", "dport"), "right": 547}},
+                                    {"accept": None}, t=self.tb))
+        return rules
 
     def _bridge_base(self) -> list[dict]:
         tb = self.tb
