@@ -14,7 +14,7 @@ import os
 from pyroute2 import IPRoute
 
 from ...errors import LarkError
-from ..links import take_over_uplink
+from ..links import take_over_uplink, wait_bridge_port_forwarding
 from ...names import JobNames
 from ...plan import JobNetwork
 from .base import BridgedMode
@@ -69,3 +69,6 @@ class BridgeMode(BridgedMode):
                             job=plan.job_id, obj=f"VLAN {plan.vlan}",
                             fix="use NetworkType = \"ovs_bridge\" for VLANs, see `lark doctor`")
         ipr.link("set", index=host_idx, master=br[0])
+
+    def wait_forwarding(self, ipr: IPRoute, host_idx: int, job: str) -> None:
+        wait_bridge_port_forwarding(ipr, host_idx, job)
