@@ -19,6 +19,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
+import threading
 import time
 
 from pyroute2 import IPRoute
@@ -73,6 +74,15 @@ class OvsMode(BridgedMode):
         super().__init__(cfg)
         self.db = Ovsdb(cfg.ovs_db)
         self._secured: dict[str, tuple] = {}  # key -> the addresses whose allowlist went in with the port
+        if self.db.reachable():
+            # Importing ovsdbapp and reading the tables takes a few hundred ms: not on the first job's setup.
+            threading.Thread(target=self._connect_early, name="lark-ovsdb-connect", daemon=True).start()
+
+    def _connect_early(self) -> None:
+        try:
+            self.db.api
+        except LarkError as e:
+            log.warning("%s (OVS jobs will try again)", e)
 
     @property
     def br(self) -> str:
