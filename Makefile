@@ -62,6 +62,7 @@ bench: deps
 	$(VPY) -m pip install -q '.[bench]'
 	$(VPY) bench/setup_latency.py
 	$(VPY) bench/e2e_latency.py
+	$(VPY) bench/scale128.py
 	$(VPY) bench/bandwidth_accuracy.py
 	$(VPY) bench/paper_fig8.py
 	$(VPY) bench/report.py

@@ -13,6 +13,7 @@ setup(
         "htcondor>=24.0",
         "rich>=13",                 # lark report: terminal tables
         "prometheus-client>=0.17",  # larkd: live metrics (off unless metrics_address is set)
+        "ovsdbapp>=2.4",            # larkd, OVS mode: OVSDB without an ovs-vsctl process per job
     ],
     extras_require={"test": ["pytest", "hypothesis", "scapy"], "bench": ["matplotlib"],
                     "report": ["matplotlib"],  # lark report --html charts

@@ -116,6 +116,7 @@ class JobNetworker:
                 # One netlink socket in the job's netns for everything done there (each costs ~1 ms).
                 with netns.netlink_in(ns_fd) as nipr:
                     job_idx = links.bring_up_job_side(nipr, n.job_if)
+                    mode.wait_forwarding(ipr, host_idx, plan.job_id)  # else the first frame is dropped
                     if use_dhcp:
                         net = self._lease_address(net, rec, n, mode, ns_fd)
                     net = self._address(net, rec, mode, nipr, job_idx)

@@ -10,9 +10,11 @@ Pins live next to the records (run_dir): they describe processes, which do not s
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -63,30 +65,44 @@ def merge_usage(before: dict | None, now: dict | None) -> dict | None:
 
 
 class PinStore:
+    """Pins on disk (they survive a larkd restart), each read from disk once and then served from memory: the
+    poller asks for every running job's pin each pass, and reading 128 files a second cost more than the
+    counter dump itself. larkd is the only writer, so memory and disk cannot disagree."""
+
     def __init__(self, directory: str):
         self.dir = private_dir(directory)
+        self._live: dict[str, Pin] = {}
+        self._lock = threading.Lock()
 
     def path(self, key: str) -> str:
         return os.path.join(self.dir, f"{key}.json")
 
     def load(self, key: str) -> Pin | None:
+        with self._lock:
+            pin = self._live.get(key)
+        if pin is not None:
+            return pin
         try:
-            return Pin(**json.loads(read_own(self.path(key))))
+            pin = Pin(**json.loads(read_own(self.path(key))))
         except FileNotFoundError:
             return None
         except (ValueError, TypeError, OSError) as e:
             # An unreadable pin must not become "no pin": that would let the job choose a new namespace.
             raise LarkError(f"pin is unreadable ({e})", obj=self.path(key),
                             fix="the slot is refused until its starter ends; then remove the file") from None
+        with self._lock:
+            return self._live.setdefault(key, pin)
 
     def save(self, pin: Pin) -> None:
-        atomic_write(self.path(pin.key), json.dumps(asdict(pin), sort_keys=True))
+        with self._lock:  # held to the rename, so an older snapshot never lands after a newer one
+            self._live[pin.key] = pin
+            atomic_write(self.path(pin.key), json.dumps(asdict(pin), sort_keys=True))
 
     def drop(self, key: str) -> None:
-        try:
-            os.unlink(self.path(key))
-        except FileNotFoundError:
-            pass
+        with self._lock:
+            self._live.pop(key, None)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(key))
 
     def all(self) -> list[Pin]:
         out = []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -40,6 +41,33 @@ def bring_up_job_side(nipr: IPRoute, job_if: str | None) -> int | None:
     idx = nipr.link_lookup(ifname=job_if)[0]
     nipr.link("set", index=idx, state="up")
     return idx
+
+
+BR_STATE_FORWARDING = 3
+
+
+def wait_bridge_port_forwarding(ipr: IPRoute, idx: int, job: str, timeout: float = 1.0) -> float:
+    """Wait until a bridge port forwards; the seconds waited.
+
+    The host end of a job's veth joins the bridge before the job's end is up, without carrier, so the bridge
+    keeps the port disabled. Bringing the job's end up gives it carrier, but the bridge learns that from the
+    kernel's link watch, which runs later in a work queue (~1 ms here, longer under load): a frame the job sends
+    at once (its DHCP DISCOVER, its first ARP) reaches a disabled port and is dropped, and the DHCP client then
+    waits for its retry (the benchmark's cold p99 of ~270 ms). A bridge with STP and a forward delay takes
+    seconds: past `timeout` this gives up with a warning instead of holding the setup that long.
+    """
+    t0 = time.monotonic()
+    while True:
+        link = ipr.get_links(idx)[0]
+        state = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_SLAVE_DATA", "IFLA_BRPORT_STATE")
+        waited = time.monotonic() - t0
+        if state == BR_STATE_FORWARDING or state is None:  # None: not a bridge port (nothing to wait for)
+            return waited
+        if waited > timeout:
+            log.warning("job %s: bridge port %s is not forwarding after %.1f s (state %s; STP with a forward delay?);"
+                        " going on", job, link.get_attr("IFLA_IFNAME"), waited, state)
+            return waited
+        time.sleep(0.0005)
 
 
 def add_job_address(nipr: IPRoute, idx: int, job_ip: str, prefix: int, gateway: str | None) -> None:

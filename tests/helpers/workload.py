@@ -43,6 +43,16 @@ def udp_size(host: str, port: int, size: int, dont_fragment: bool) -> dict:
             return {"error": str(e)}
 
 
+def upload_to_sink(host: str, port: int, size: int, timeout: float) -> tuple[int, int]:
+    """Send size bytes to the world's byte sink; (bytes sent, bytes the sink says it received)."""
+    with socket.create_connection((host, port), timeout=timeout) as s:
+        buf, sent = b"x" * 65536, 0
+        while sent < size:
+            sent += s.send(buf[: min(len(buf), size - sent)])
+        s.shutdown(socket.SHUT_WR)
+        return sent, int(s.recv(100).decode().strip() or 0)
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "download":
@@ -108,14 +118,16 @@ def main():
         with urllib.request.urlopen(args[0], timeout=60) as r:
             got = len(r.read())
         t1 = time.time()
-        size = int(args[3])
-        with socket.create_connection((args[1], int(args[2])), timeout=60) as s:
-            buf, sent = b"x" * 65536, 0
-            while sent < size:
-                sent += s.send(buf[: min(len(buf), size - sent)])
-            s.shutdown(socket.SHUT_WR)
-            s.recv(100)
+        sent, _ = upload_to_sink(args[1], int(args[2]), int(args[3]), 60)
         print(json.dumps({"downloaded": got, "down_s": t1 - t0, "uploaded": sent, "up_s": time.time() - t1}))
+    elif cmd == "await-transfer":  # gofile url host port size: idle until gofile exists, then down- and upload
+        print(json.dumps({"ready": True}), flush=True)
+        while not os.path.exists(args[0]):
+            time.sleep(0.2)
+        with urllib.request.urlopen(args[1], timeout=120) as r:
+            got = len(r.read())
+        sent, counted = upload_to_sink(args[2], int(args[3]), int(args[4]), 120)
+        print(json.dumps({"downloaded": got, "uploaded": sent, "server_counted": counted}))
     elif cmd == "iperf3":  # host port seconds down|up: goodput seen by the receiver, bit/s
         import subprocess
         argv = ["iperf3", "-c", args[0], "-p", args[1], "-t", args[2], "-O", "1", "-J"]

@@ -53,6 +53,9 @@ class AttachMode(abc.ABC):
     def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
         """Connect the host end of the job's veth (already up) to this mode's network."""
 
+    def wait_forwarding(self, ipr: IPRoute, host_idx: int, job: str) -> None:
+        """Once the job's end of the veth is up: wait until this mode switches the job's first frame."""
+
     def secure(self, plan: JobNetwork, names: JobNames) -> None:
         """Per-job filtering this mode does itself, once the job's address is known (after DHCP)."""
 

@@ -14,7 +14,7 @@ import os
 from pyroute2 import IPRoute
 
 from ...errors import LarkError
-from ..links import take_over_uplink
+from ..links import take_over_uplink, wait_bridge_port_forwarding
 from ...names import JobNames
 from ...plan import JobNetwork
 from .base import BridgedMode
@@ -84,3 +84,6 @@ class BridgeMode(BridgedMode):
         if self.cfg.bridge_isolate_jobs:
             same_ep.forget_mac(self.cfg.nft_table, names.job_mac)
         return False
+
+    def wait_forwarding(self, ipr: IPRoute, host_idx: int, job: str) -> None:
+        wait_bridge_port_forwarding(ipr, host_idx, job)

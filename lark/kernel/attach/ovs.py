@@ -1,8 +1,10 @@
 """Open vSwitch: the job's veth becomes a port (named after the job) of an OVS bridge that holds the uplink.
 
-OVSDB is driven with ovs-vsctl and OpenFlow with ovs-ofctl, always as argv lists. The datapath is the kernel
-one where the openvswitch module exists and the userspace (`netdev`) one where it does not (this machine);
-there TCP needs `other_config:userspace-tso-enable=true` set before ovs-vswitchd starts (`lark doctor`).
+OVSDB is driven through ovsdbapp (ovsdb.py: one connection per larkd, no process per job) and OpenFlow with
+ovs-ofctl as argv lists (one batched call per job setup when its address is known before the port is added, as
+static addresses are; two with DHCP). The datapath is the kernel one where the openvswitch module exists and
+the userspace (`netdev`) one where it does not (this machine); there TCP needs
+`other_config:userspace-tso-enable=true` set before ovs-vswitchd starts (`lark doctor`).
 
 Per job, proactive OpenFlow rules under one cookie (removed by cookie, so teardown needs nothing but the key):
 an allowlist (`allowlist_flows`) in front of a drop-all that is in place before the port carries a frame. Every
@@ -13,9 +15,11 @@ from the veth itself: userspace-switched frames never cross the host's netfilter
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import os
+import threading
 import time
 
 from pyroute2 import IPRoute
@@ -26,6 +30,7 @@ from ..links import take_over_uplink
 from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
 from .base import BridgedMode
+from .ovsdb import Ovsdb
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +94,25 @@ class OvsMode(BridgedMode):
     name = "ovs_bridge"
     counts_by_link = True
 
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.db = Ovsdb(cfg.ovs_db)
+        self._secured: dict[str, tuple] = {}  # key -> the addresses whose allowlist went in with the port
+        if self.db.reachable():
+            # Importing ovsdbapp and reading the tables takes a few hundred ms: not on the first job's setup.
+            threading.Thread(target=self._connect_early, name="lark-ovsdb-connect", daemon=True).start()
+
+    def _connect_early(self) -> None:
+        try:
+            self.db.api
+        except LarkError as e:
+            log.warning("%s (OVS jobs will try again)", e)
+
     @property
     def br(self) -> str:
         return self.cfg.ovs_bridge_name
 
     # -- tools ----------------------------------------------------------------------------------------
-    def vsctl(self, *args: str, check: bool = True):
-        return run_tool(["ovs-vsctl", f"--db={self.cfg.ovs_db}", "--timeout=10", *args], what="ovs-vsctl",
-                        check=check)
-
     def ofctl(self, *args: str, input: str | None = None):
         target = f"unix:{os.path.join(self.cfg.ovs_rundir, self.br + '.mgmt')}"
         return run_tool(["ovs-ofctl", args[0], target, *args[1:]], input=input, what=f"ovs-ofctl {args[0]}")
@@ -111,9 +126,10 @@ class OvsMode(BridgedMode):
     def prepare(self, ipr: IPRoute) -> None:
         if self._ready:
             return
-        if self.vsctl("br-exists", self.br, check=False).returncode != 0:
+        api = self.db.api
+        if self.db.bridge_ports(self.br) is None:
             dp = self.datapath()
-            self.vsctl("--may-exist", "add-br", self.br, "--", "set", "bridge", self.br, f"datapath_type={dp}")
+            self.db.run(f"OVS bridge {self.br}", api.add_br(self.br, may_exist=True, datapath_type=dp))
             log.info("created OVS bridge %s (datapath %s)", self.br, dp)
             if self.cfg.ovs_uplink:
                 self._add_uplink(ipr)
@@ -144,7 +160,8 @@ class OvsMode(BridgedMode):
             raise LarkError("the OVS bridge's internal port never appeared", obj=self.br,
                             fix="check that ovs-vswitchd runs (ovs-vsctl show)")
         addrs_moved = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=up[0], family=2)]
-        self.vsctl("--may-exist", "add-port", self.br, self.cfg.ovs_uplink)
+        self.db.run(f"OVS uplink {self.cfg.ovs_uplink}", self.db.api.add_port(self.br, self.cfg.ovs_uplink,
+                                                                              may_exist=True))
         # OVS, not the kernel, is the uplink's master: move the addresses without `master`.
         take_over_uplink(ipr, up[0], br[0], self.br, enslave=False)
         log.info("OVS bridge %s took uplink %s (addresses %s)", self.br, self.cfg.ovs_uplink, addrs_moved)
@@ -156,17 +173,32 @@ class OvsMode(BridgedMode):
         trunk: without a RequestedVLAN it is on the untagged network (VLAN 0) and tagged frames are dropped."""
         port = names.host_if
         ipr.link("set", index=host_idx, state="down")
-        args = ["--may-exist", "add-port", self.br, port, "--", "set", "interface", port,
-                f"external_ids:lark-key={names.key}", f"external_ids:lark-job={plan.job_id}",
-                "--", "set", "port", port, "vlan_mode=access"]
-        if plan.vlan is not None:
-            args += [f"tag={int(plan.vlan)}"]
-        self.vsctl(*args)
+        api = self.db.api
+        ofport = self.db.request_ofport(names.key)
         pre = pre_address_flows(names.job_mac)
         if plan.wants_ipv6:
             pre += auto6_pre_address_flows(self.cfg.bridge_ipv6, names.job_mac)
-        self.ofctl("add-flows", "-", input="".join(f"cookie={cookie_of(names.key)},in_port={port},{f}\n"
-                                                     for f in pre))
+        if plan.ipv4 or plan.ipv6:
+            # Static addresses are known already: the allowlist goes in with the drop-all, in one ovs-ofctl call.
+            pre += allowlist_flows(plan, names.job_mac)
+            self._secured[names.key] = (plan.ipv4, plan.ipv6)
+        port_cols = [("vlan_mode", "access")] + ([("tag", int(plan.vlan))] if plan.vlan is not None else [])
+        # The flows name the port by the number it asks for, so they go in (ovs-ofctl, ~10 ms) while OVSDB takes
+        # the port, both at once; ovs-vswitchd then adds a port whose flows are already there.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lark-ofctl") as ex:
+            flows = ex.submit(self.ofctl, "add-flows", "-", input="".join(
+                f"cookie={cookie_of(names.key)},in_port={ofport},{f}\n" for f in pre))
+            self.db.run(f"OVS port {port} of job {plan.job_id}",
+                        api.add_port(self.br, port, may_exist=True),
+                        api.db_set("Interface", port, ("ofport_request", ofport),
+                                   ("external_ids", {"lark-key": names.key, "lark-job": plan.job_id})),
+                        api.db_set("Port", port, *port_cols), wait=False)
+            flows.result()
+        got = self.db.wait_ofport(port, plan.job_id)
+        if got != ofport:
+            raise LarkError(f"Open vSwitch gave the port number {got}, not the {ofport} its flows name",
+                            job=plan.job_id, obj=f"OVS port {port}",
+                            fix="another OVS client took the number; `lark gc` and start the job again")
         # The host end is still a plain netdev for the kernel: with the default arp_ignore=0 it answers the
         # job's ARP for any host address with its own MAC, and what the job then sends to the host (DNS to
         # the forwarder) lands on this device instead of the bridge's internal port. It has no address: never
@@ -176,23 +208,39 @@ class OvsMode(BridgedMode):
         ipr.link("set", index=host_idx, state="up")
 
     def secure(self, plan: JobNetwork, names: JobNames) -> None:
-        c = cookie_of(names.key)
-        flows = "".join(f"cookie={c},in_port={names.host_if},{f}\n" for f in allowlist_flows(plan, names.job_mac))
+        if self._secured.pop(names.key, None) == (plan.ipv4, plan.ipv6):
+            return  # its allowlist went in with the port (attach)
+        c, port = cookie_of(names.key), self.db.wait_ofport(names.host_if, plan.job_id)
+        flows = "".join(f"cookie={c},in_port={port},{f}\n" for f in allowlist_flows(plan, names.job_mac))
         self.ofctl("add-flows", "-", input=flows)
 
     def detach(self, names: JobNames) -> bool:
-        """Remove the job's port and flows; safe to repeat. True when ovs-vsctl ran cleanly."""
-        ok = self.vsctl("--if-exists", "del-port", self.br, names.host_if, check=False).returncode == 0
+        """Remove the job's port and flows; safe to repeat. True when OVSDB took the port's removal."""
+        self._secured.pop(names.key, None)
+        ok = True
+        if self.db.reachable():
+            try:
+                self.db.run(f"OVS port {names.host_if}", self.db.api.del_port(names.host_if, self.br, if_exists=True),
+                            wait=False)
+            except LarkError as e:
+                log.warning("could not remove OVS port %s: %s", names.host_if, e)
+                ok = False
         try:
             self.ofctl("del-flows", f"cookie={cookie_of(names.key)}/-1")
         except LarkError as e:
             log.debug("no flows removed for %s: %s", names.key, e)
+        self.db.forget_ofport(names.key)
         return ok
 
     @property
     def ports_before(self) -> set[str]:
-        cp = self.vsctl("list-ports", self.br, check=False)
-        return set(cp.stdout.split()) if cp.returncode == 0 else set()
+        if not self.db.reachable():
+            return set()
+        try:
+            return self.db.bridge_ports(self.br) or set()
+        except LarkError as e:
+            log.warning("could not list the ports of OVS bridge %s: %s", self.br, e)
+            return set()
 
     def job_keys(self) -> set[str]:
         """Keys of job ports on the bridge (for gc)."""

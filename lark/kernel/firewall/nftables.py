@@ -10,7 +10,7 @@ import json
 import logging
 
 from ...errors import LarkError
-from . import libnft
+from . import libnft, nftcounters
 from .. import forwarding
 from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
@@ -523,20 +523,19 @@ class NftablesFirewall(Firewall):
         return out
 
     def read_counters(self) -> dict[str, Counters]:
+        # One netlink dump for every job, both tables (nftcounters.py says why not libnftables).
         out: dict[str, Counters] = {}
-        for family in self._tables():
-            for o in self._list("counters", "table", family, self.table):
-                c = o.get("counter")
-                if not c or not c["name"].startswith(NFT_JOB_PREFIX):
-                    continue
-                base, _, direction = c["name"].rpartition("_")
-                cur = out.setdefault(base[len(NFT_JOB_PREFIX):], Counters())
-                if direction == "in":
-                    cur.bytes_in += c["bytes"]
-                    cur.packets_in += c["packets"]
-                elif direction == "out":
-                    cur.bytes_out += c["bytes"]
-                    cur.packets_out += c["packets"]
+        for (family, name), (nbytes, npackets) in nftcounters.dump(self.table).items():
+            if family not in nftcounters.LARK_FAMILIES or not name.startswith(NFT_JOB_PREFIX):
+                continue
+            base, _, direction = name.rpartition("_")
+            cur = out.setdefault(base[len(NFT_JOB_PREFIX):], Counters())
+            if direction == "in":
+                cur.bytes_in += nbytes
+                cur.packets_in += npackets
+            elif direction == "out":
+                cur.bytes_out += nbytes
+                cur.packets_out += npackets
         return out
 
     def job_keys(self) -> set[str]:
