@@ -57,12 +57,14 @@ demo-pool: deps
 demo-fake: deps
 	$(VPY) demo/fake_ep_demo.py
 
-# Benchmarks print tables with their goals; paper_fig8 also writes bench/out/paper_fig8.png.
+# Benchmarks print tables with their goals; paper_fig8 also writes bench/out/paper_fig8.png. pool_true_jobs runs
+# the pool testbed (shares the testbed root, hence the lock).
 bench: deps
 	$(VPY) -m pip install -q '.[bench]'
 	$(VPY) bench/setup_latency.py
 	$(VPY) bench/e2e_latency.py
 	$(VPY) bench/scale128.py
+	flock /tmp/lark-testbed.lock $(VPY) bench/pool_true_jobs.py
 	$(VPY) bench/bandwidth_accuracy.py
 	$(VPY) bench/paper_fig8.py
 	$(VPY) bench/report.py

@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""50 `/bin/true` jobs on the real pool, with Lark and without, in one run (issue 15, benchmark 2).
+
+Starts the pool testbed (testbed/pool.py: central manager, two EPs with 4 static slots and their own larkd, the
+core Open vSwitch with lark-controller), then submits two clusters of BENCH_JOBS (50) `/bin/true` jobs as one
+user, one after the other, and stops the pool (also on failure):
+  1. "lark":  the pool's normal configuration: the STARTER wrapper (lark-starter) gives every job an empty netns,
+     the PREPARE_JOB hook asks larkd for the job's plan, the USER_JOB_WRAPPER (lark-job-wrapper) has larkd build
+     the job's network (bridge mode, static address, limits, counters, controller registration) before it execs
+     /bin/true, and the JOB_EXIT hook reports the final counters.
+  2. "plain": the same EPs after a drop-in (NO_LARK_CONF) and `condor_reconfig`: STARTER is the real
+     condor_starter, USER_JOB_WRAPPER and STARTER_JOB_HOOK_KEYWORD are empty. So the job start path runs no Lark
+     code at all: no starter wrapper, no hook, no job wrapper; the job runs in the EP's own network namespace as
+     on a stock EP (NO_JOB_NETWORKING is only set by lark-starter). What remains of Lark on the EP is idle
+     background work, off every job's path: larkd itself (polling no jobs) and the 30 s STARTD_CRON machine-ad
+     probe. Why this way: a submit attribute or policy giving NetworkType "none" would still run the starter
+     wrapper, both hooks, the job wrapper and a larkd round trip, i.e. measure Lark's "none" path, not "no Lark";
+     a second set of slots cannot have its own STARTER (the startd has one per machine). Reconfiguring the two
+     EPs between the halves changes nothing else: same slots, same schedd, same user, same submit file.
+The bench checks that this holds: every "lark" job's starter used lark-job-wrapper and ran the Lark hooks, and
+no "plain" job's starter did (StarterLog), else it fails.
+
+Per job, from the EPs' own logs (STARTD_DEBUG/STARTER_DEBUG = D_SUB_SECOND, millisecond timestamps, one clock):
+  start_ms  the startd receiving the shadow's activate_claim (StartLog) -> the starter seeing the job's process
+            exit (StarterLog). /bin/true runs for about a millisecond, so this is the start path: starter wrapper,
+            starter start-up, PREPARE_JOB hook, Create_Process, and (with Lark) the job wrapper setting up the
+            network before it execs /bin/true. Added start latency = lark - plain, at p50 and at p99.
+  slot_ms   activate_claim -> the startd seeing the starter exit (StartLog): the whole time the slot is busy,
+            including the JOB_EXIT hook and the starter's clean-up.
+The job ad's view is coarser: JobCurrentStartExecutingDate - JobCurrentStartDate (the shadow's activation to
+the starter's "executing" report; whole seconds, and with Lark it is reached before the job wrapper runs) is
+printed as a mean for reference. wall_s: condor_submit -> every job of the cluster terminated (condor_wait on
+the cluster's user log), including negotiation; both halves start from all slots unclaimed.
+
+Prints a table, then one line:
+  jobs=<n> wall_lark_s=<x> wall_plain_s=<y> start_p50_added_ms=<a> start_p99_added_ms=<b> ...
+Run as root; the pool shares the testbed's root, so hold the lock: `flock /tmp/lark-testbed.lock` (make bench does).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+N_JOBS = int(os.environ.get("BENCH_JOBS", "50"))
+USER = "alice"
+log = logging.getLogger("pool-true-jobs")
+
+# On every EP for both halves: millisecond timestamps in the startd's and starters' logs.
+TIMING_CONF = "# bench/pool_true_jobs.py: millisecond log timestamps\n" \
+              "STARTD_DEBUG = D_SUB_SECOND\nSTARTER_DEBUG = D_SUB_SECOND\n"
+# The "plain" half: the stock job start path (the real starter, no job wrapper, no starter hooks).
+NO_LARK_CONF = "# bench/pool_true_jobs.py: Lark off the job start path\n" \
+               "STARTER = $(SBIN)/condor_starter\nUSER_JOB_WRAPPER =\nSTARTER_JOB_HOOK_KEYWORD =\n"
+
+
+# -- pure parts (tests/unit/test_pool_true_jobs.py) -------------------------------------------------------------
+_TS = re.compile(r"^(\d\d/\d\d/\d\d \d\d:\d\d:\d\d(?:\.\d+)?) ")
+
+
+def log_time(line: str) -> float | None:
+    """Epoch seconds of an HTCondor daemon log line (`MM/DD/YY HH:MM:SS[.mmm] ...`, local time), else None."""
+    m = _TS.match(line)
+    if not m:
+        return None
+    stamp = m.group(1)
+    fmt = "%m/%d/%y %H:%M:%S.%f" if "." in stamp else "%m/%d/%y %H:%M:%S"
+    return datetime.strptime(stamp, fmt).timestamp()
+
+
+@dataclass
+class StarterRun:
+    """One condor_starter's view of one job (from StarterLog.slotN)."""
+    job: str = ""
+    started: float | None = None          # "Create_Process succeeded"
+    exited: float | None = None           # "Process exited"
+    wrapper: str = ""                     # the USER_JOB_WRAPPER it used, if any
+    hooks: list[str] = field(default_factory=list)
+
+
+def parse_starter_log(text: str) -> dict[str, StarterRun]:
+    """Job id -> what its starter logged. One StarterLog.slotN holds that slot's starters one after the other,
+    each beginning with its `STARTING UP` banner (with D_SUB_SECOND the lines carry no `(pid:N)`)."""
+    runs: list[StarterRun] = []
+    for line in text.splitlines():
+        t = log_time(line)
+        if t is None:
+            continue
+        msg = re.sub(r"^\S+ \S+ (\(pid:\d+\) )?", "", line)
+        if "condor_starter (CONDOR_STARTER) STARTING UP" in msg or not runs:
+            runs.append(StarterRun())
+        run = runs[-1]
+        if j := re.match(r"Starting a \w+ universe job with ID: (\d+\.\d+)", msg):
+            run.job = j.group(1)
+        elif w := re.match(r"Using wrapper (\S+) to exec", msg):
+            run.wrapper = w.group(1)
+        elif msg.startswith("Create_Process succeeded"):
+            run.started = t
+        elif msg.startswith("Process exited"):
+            run.exited = t
+        elif h := re.match(r"(HOOK_\w+) ", msg):
+            run.hooks.append(h.group(1))
+    return {r.job: r for r in runs if r.job}
+
+
+def parse_start_log(text: str) -> dict[str, tuple[float, float | None]]:
+    """Job id -> (activate_claim received, starter exited) from a StartLog: each slot's lines in order."""
+    current: dict[str, tuple[str, float]] = {}          # slot -> (job, activate time)
+    out: dict[str, tuple[float, float | None]] = {}
+    pending: dict[str, float] = {}                      # slot -> activate time, job id not seen yet
+    for line in text.splitlines():
+        t = log_time(line)
+        m = re.search(r" (slot\d+(?:_\d+)?): (.*)$", line)
+        if t is None or not m:
+            continue
+        slot, msg = m.groups()
+        if msg.startswith("Got activate_claim request"):
+            pending[slot] = t
+        elif (j := re.match(r"Remote job ID is (\d+\.\d+)", msg)) and slot in pending:
+            current[slot] = (j.group(1), pending.pop(slot))
+            out[j.group(1)] = (current[slot][1], None)
+        elif msg.startswith("State change: starter exited") and slot in current:
+            job, activated = current.pop(slot)
+            out[job] = (activated, t)
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0-100) by the nearest-rank method: a value that was measured, never interpolated."""
+    if not values:
+        raise ValueError("percentile of no values")
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def job_ad_start_s(ad: dict) -> float | None:
+    """The job ad's own start latency: the shadow's activation -> the starter's report that the job executes."""
+    start, executing = ad.get("JobCurrentStartDate"), ad.get("JobCurrentStartExecutingDate")
+    if start is None or executing is None:
+        return None
+    return float(executing) - float(start)
+
+
+@dataclass
+class Half:
+    name: str
+    wall_s: float
+    start_ms: list[float]
+    slot_ms: list[float]
+    ad_start_s: list[float]
+
+    def row(self) -> list[str]:
+        ad = f"{sum(self.ad_start_s) / len(self.ad_start_s):.2f}" if self.ad_start_s else "-"
+        return [self.name, str(len(self.start_ms)), f"{self.wall_s:.1f}",
+                f"{percentile(self.start_ms, 50):.0f}", f"{percentile(self.start_ms, 99):.0f}",
+                f"{percentile(self.slot_ms, 50):.0f}", f"{percentile(self.slot_ms, 99):.0f}", ad]
+
+
+def measure(starters: dict[str, StarterRun], slots: dict[str, tuple[float, float | None]], jobs: list[str],
+            want_lark: bool) -> tuple[list[float], list[float]]:
+    """(start_ms, slot_ms) for each job; raises when a job is missing from the logs or ran on the wrong path."""
+    start_ms, slot_ms = [], []
+    for job in jobs:
+        run, slot = starters.get(job), slots.get(job)
+        if run is None or slot is None or run.exited is None or slot[1] is None:
+            raise RuntimeError(f"job {job}: not complete in the EPs' StartLog/StarterLog (starter {run}, "
+                               f"slot {slot}); see the pool's last-run logs")
+        lark = "lark-job-wrapper" in run.wrapper and any(h.startswith("HOOK_") for h in run.hooks)
+        if lark != want_lark:
+            raise RuntimeError(f"job {job}: expected the {'Lark' if want_lark else 'plain'} start path, its "
+                               f"starter used wrapper {run.wrapper!r} and hooks {run.hooks}")
+        start_ms.append((run.exited - slot[0]) * 1000)
+        slot_ms.append((slot[1] - slot[0]) * 1000)
+    return start_ms, slot_ms
+
+
+def summary(lark: Half, plain: Half) -> str:
+    added50 = percentile(lark.start_ms, 50) - percentile(plain.start_ms, 50)
+    added99 = percentile(lark.start_ms, 99) - percentile(plain.start_ms, 99)
+    slot50 = percentile(lark.slot_ms, 50) - percentile(plain.slot_ms, 50)
+    return (f"jobs={len(lark.start_ms)} wall_lark_s={lark.wall_s:.1f} wall_plain_s={plain.wall_s:.1f} "
+            f"start_p50_added_ms={added50:.0f} start_p99_added_ms={added99:.0f} slot_p50_added_ms={slot50:.0f}")
+
+
+def table(halves: list[Half]) -> str:
+    heads = ["path", "jobs", "wall s", "start p50 ms", "start p99 ms", "slot p50 ms", "slot p99 ms",
+             "job ad start s (mean)"]
+    rows = [heads] + [h.row() for h in halves]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(heads))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
+def _ep_conf(pool, ep: str, name: str, text: str | None) -> None:
+    path = pool.root_of(ep) / "etc/condor/config.d" / name
+    if text is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(text)
+
+
+def _reconfig(pool) -> None:
+    for ep in pool.EPS:
+        pool.run(pool.in_machine(ep, ["condor_reconfig"]))
+    time.sleep(3)  # the startd re-reads its config and re-probes the starter (`$(STARTER) -classad`)
+    _wait_unclaimed(pool)
+
+
+def _wait_unclaimed(pool, timeout: float = 120) -> None:
+    """Every slot of both EPs in the collector, Unclaimed: each half starts from the same state."""
+    deadline = time.time() + timeout
+    seen = ""
+    while time.time() < deadline:
+        seen = pool.run(pool.in_machine("cm", ["condor_status", "-af", "State"]), check=False).stdout
+        states = seen.split()
+        if len(states) == 4 * len(pool.EPS) and set(states) == {"Unclaimed"}:
+            return
+        time.sleep(1)
+    raise RuntimeError(f"pool slots not all Unclaimed after {timeout:.0f} s: {seen!r}")
+
+
+def _read_logs(pool) -> tuple[dict[str, StarterRun], dict[str, tuple[float, float | None]]]:
+    starters: dict[str, StarterRun] = {}
+    slots: dict[str, tuple[float, float | None]] = {}
+    for ep in pool.EPS:
+        logdir = pool.root_of(ep) / "var/log/condor"
+        for f in sorted(logdir.glob("StarterLog.slot*")):
+            starters.update(parse_starter_log(f.read_text(errors="replace")))
+        slots.update(parse_start_log((logdir / "StartLog").read_text(errors="replace")))
+    return starters, slots
+
+
+def _history(pool, cluster: int) -> list[dict]:
+    cp = pool.run(pool.in_machine("cm", ["condor_history", str(cluster), "-af", "ProcId", "ExitCode",
+                                         "JobCurrentStartDate", "JobCurrentStartExecutingDate"]), check=False)
+    out = []
+    for line in cp.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 4:
+            out.append({k: (None if v == "undefined" else v) for k, v in
+                        zip(["ProcId", "ExitCode", "JobCurrentStartDate", "JobCurrentStartExecutingDate"], parts)})
+    return out
+
+
+def run_half(pool, name: str) -> Half:
+    body = ("universe = vanilla\nexecutable = /bin/true\nshould_transfer_files = NO\n"
+            "log = job.log\noutput = /dev/null\nerror = /dev/null\nrequest_cpus = 1\nrequest_memory = 64\n"
+            f"queue {N_JOBS}\n")
+    t0 = time.monotonic()
+    cluster = pool.submit_as(USER, f"bench-true-{name}", body)
+    wait = pool.run(pool.in_machine("cm", ["condor_wait", "-wait", str(60 + 10 * N_JOBS),
+                                           f"/home/{USER}/bench-true-{name}/job.log", str(cluster)], user=USER),
+                    check=False)
+    wall = time.monotonic() - t0
+    if wait.returncode != 0:
+        pool.run(pool.in_machine("cm", ["condor_rm", str(cluster)]), check=False)
+        raise RuntimeError(f"{name}: cluster {cluster} did not finish: {wait.stdout.strip()} {wait.stderr.strip()}")
+    ads = []
+    for _ in range(30):  # the history file is written just after the terminate event
+        ads = _history(pool, cluster)
+        if len(ads) == N_JOBS:
+            break
+        time.sleep(1)
+    failed = [a["ProcId"] for a in ads if a["ExitCode"] != "0"]
+    if len(ads) != N_JOBS or failed:
+        raise RuntimeError(f"{name}: cluster {cluster}: {len(ads)} of {N_JOBS} jobs in the history, "
+                           f"failed procs {failed}")
+    time.sleep(2)  # the startd logs "starter exited" after the shadow's last word
+    starters, slots = _read_logs(pool)
+    jobs = [f"{cluster}.{p}" for p in range(N_JOBS)]
+    start_ms, slot_ms = measure(starters, slots, jobs, want_lark=(name == "lark"))
+    ad_s = [s for a in ads if (s := job_ad_start_s(a)) is not None]
+    log.info("%s: cluster %d, %d jobs in %.1f s", name, cluster, N_JOBS, wall)
+    return Half(name, wall, start_ms, slot_ms, ad_s)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="pool-true-jobs: %(message)s")
+    sys.path.insert(0, str(REPO / "testbed"))
+    import pool  # noqa: E402 (the testbed, stdlib only)
+
+    pool.tb.prepare("bench/pool_true_jobs.py")
+    if pool.tb.load_state().get("master_pid"):
+        pool.tb.stop()  # the one-machine testbed runs from the same root
+    try:
+        pool.start()
+        for ep in pool.EPS:
+            _ep_conf(pool, ep, "97-bench-timing.conf", TIMING_CONF)
+        _reconfig(pool)
+        lark = run_half(pool, "lark")
+        for ep in pool.EPS:
+            _ep_conf(pool, ep, "97-bench-no-lark.conf", NO_LARK_CONF)
+        _reconfig(pool)
+        plain = run_half(pool, "plain")
+    finally:
+        pool.down()
+        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        if pool.PREFIX in left:
+            log.error("pool namespaces are still there: %s", left)
+    print(f"{N_JOBS} /bin/true jobs per half on the pool testbed (2 EPs x 4 static slots), "
+          f"{os.cpu_count()} CPUs (shared machine), lark half first")
+    print(table([lark, plain]))
+    print(summary(lark, plain))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
