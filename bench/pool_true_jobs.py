@@ -81,8 +81,10 @@ def log_time(line: str) -> float | None:
 class StarterRun:
     """One condor_starter's view of one job (from StarterLog.slotN)."""
     job: str = ""
+    up: float | None = None               # the starter's "STARTING UP" banner
     started: float | None = None          # "Create_Process succeeded"
     exited: float | None = None           # "Process exited"
+    ending: float | None = None           # "EXITING WITH STATUS"
     wrapper: str = ""                     # the USER_JOB_WRAPPER it used, if any
     hooks: list[str] = field(default_factory=list)
 
@@ -99,6 +101,8 @@ def parse_starter_log(text: str) -> dict[str, StarterRun]:
         if "condor_starter (CONDOR_STARTER) STARTING UP" in msg or not runs:
             runs.append(StarterRun())
         run = runs[-1]
+        if run.up is None and "STARTING UP" in msg:
+            run.up = t
         if j := re.match(r"Starting a \w+ universe job with ID: (\d+\.\d+)", msg):
             run.job = j.group(1)
         elif w := re.match(r"Using wrapper (\S+) to exec", msg):
@@ -107,6 +111,8 @@ def parse_starter_log(text: str) -> dict[str, StarterRun]:
             run.started = t
         elif msg.startswith("Process exited"):
             run.exited = t
+        elif "EXITING WITH STATUS" in msg:
+            run.ending = t
         elif h := re.match(r"(HOOK_\w+) ", msg):
             run.hooks.append(h.group(1))
     return {r.job: r for r in runs if r.job}
@@ -158,6 +164,7 @@ class Half:
     start_ms: list[float]
     slot_ms: list[float]
     ad_start_s: list[float]
+    steps: dict[str, float] = field(default_factory=dict)
 
     def row(self) -> list[str]:
         ad = f"{sum(self.ad_start_s) / len(self.ad_start_s):.2f}" if self.ad_start_s else "-"
@@ -182,6 +189,39 @@ def measure(starters: dict[str, StarterRun], slots: dict[str, tuple[float, float
         start_ms.append((run.exited - slot[0]) * 1000)
         slot_ms.append((slot[1] - slot[0]) * 1000)
     return start_ms, slot_ms
+
+
+# Where a job's time on the EP goes, in order: (label, from, to); None is the startd's view (StartLog).
+STEPS = [("activate -> starter banner (STARTER wrapper)", "activate", "up"),
+         ("banner -> Create_Process (PREPARE_JOB hook)", "up", "started"),
+         ("Create_Process -> exit (job wrapper + /bin/true)", "started", "exited"),
+         ("exit -> starter exits (JOB_EXIT hook, clean-up)", "exited", "ending")]
+
+
+def breakdown(starters: dict[str, StarterRun], slots: dict[str, tuple[float, float | None]],
+              jobs: list[str]) -> dict[str, float]:
+    """Median ms of each step in STEPS over the jobs that logged both ends of it."""
+    out = {}
+    for label, a, b in STEPS:
+        spans = []
+        for job in jobs:
+            run, slot = starters.get(job), slots.get(job)
+            if run is None or slot is None:
+                continue
+            ends = {"activate": slot[0], "up": run.up, "started": run.started, "exited": run.exited,
+                    "ending": run.ending}
+            if ends[a] is not None and ends[b] is not None:
+                spans.append((ends[b] - ends[a]) * 1000)
+        out[label] = percentile(spans, 50) if spans else float("nan")
+    return out
+
+
+def breakdown_table(halves: list[Half]) -> str:
+    rows = [["step (p50 ms)", *[h.name for h in halves]]]
+    rows += [[label, *[f"{h.steps.get(label, float('nan')):.0f}" for h in halves]] for label, _, _ in STEPS]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                     for r in rows)
 
 
 def summary(lark: Half, plain: Half) -> str:
@@ -281,7 +321,7 @@ def run_half(pool, name: str) -> Half:
     start_ms, slot_ms = measure(starters, slots, jobs, want_lark=(name == "lark"))
     ad_s = [s for a in ads if (s := job_ad_start_s(a)) is not None]
     log.info("%s: cluster %d, %d jobs in %.1f s", name, cluster, N_JOBS, wall)
-    return Half(name, wall, start_ms, slot_ms, ad_s)
+    return Half(name, wall, start_ms, slot_ms, ad_s, breakdown(starters, slots, jobs))
 
 
 def main() -> int:
@@ -310,6 +350,9 @@ def main() -> int:
     print(f"{N_JOBS} /bin/true jobs per half on the pool testbed (2 EPs x 4 static slots), "
           f"{os.cpu_count()} CPUs (shared machine), lark half first")
     print(table([lark, plain]))
+    print()
+    print(breakdown_table([lark, plain]))
+    print()
     print(summary(lark, plain))
     return 0
 

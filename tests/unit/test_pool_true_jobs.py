@@ -30,7 +30,7 @@ STARTER_LOG = """\
 """
 
 START_LOG = """\
-11/23/26 22:59:16.500 slot1: Got activate_claim request from shadow (10.77.0.2)
+11/23/26 22:59:16.000 slot1: Got activate_claim request from shadow (10.77.0.2)
 11/23/26 22:59:16.510 slot1: Remote job ID is 131.0
 11/23/26 22:59:16.600 slot2: Got activate_claim request from shadow (10.77.0.2)
 11/23/26 22:59:16.610 slot2: Remote job ID is 999.0
@@ -63,7 +63,7 @@ def test_starter_log_with_pid_prefix():
 
 def test_start_log_pairs_activation_with_that_slots_starter_exit():
     slots = bench.parse_start_log(START_LOG)
-    assert slots["131.0"][1] - slots["131.0"][0] == pytest.approx(1.5)
+    assert slots["131.0"][1] - slots["131.0"][0] == pytest.approx(2.0)
     assert slots["132.0"][1] - slots["132.0"][0] == pytest.approx(0.5)
     assert slots["999.0"][1] is None  # still running when the log was read
 
@@ -71,7 +71,7 @@ def test_start_log_pairs_activation_with_that_slots_starter_exit():
 def test_measure_start_and_slot_times_and_checks_the_path():
     runs, slots = bench.parse_starter_log(STARTER_LOG), bench.parse_start_log(START_LOG)
     start, slot = bench.measure(runs, slots, ["131.0"], want_lark=True)
-    assert start == [pytest.approx(976.0)] and slot == [pytest.approx(1500.0)]
+    assert start == [pytest.approx(1476.0)] and slot == [pytest.approx(2000.0)]
     start, slot = bench.measure(runs, slots, ["132.0"], want_lark=False)
     assert start == [pytest.approx(260.0)] and slot == [pytest.approx(500.0)]
     with pytest.raises(RuntimeError, match="132.0.*Lark start path"):
@@ -105,3 +105,15 @@ def test_summary_line_is_the_difference_of_percentiles():
                     "slot_p50_added_ms=300")
     out = bench.table([lark, plain])
     assert out.splitlines()[1].split()[:4] == ["lark", "50", "61.2", "124"]
+
+
+def test_breakdown_medians_each_step_from_both_logs():
+    text = STARTER_LOG.replace("11/23/26 22:59:17.500 HOOK_JOB_EXIT",
+                               "11/23/26 22:59:17.900 ** condor_starter (condor_STARTER) pid 1 EXITING WITH STATUS 0\n"
+                               "11/23/26 22:59:17.500 HOOK_JOB_EXIT")
+    runs, slots = bench.parse_starter_log(text), bench.parse_start_log(START_LOG)
+    steps = bench.breakdown(runs, slots, ["131.0"])
+    assert list(steps.values()) == [pytest.approx(100.0), pytest.approx(729.0), pytest.approx(647.0),
+                                    pytest.approx(424.0)]
+    half = bench.Half("lark", 1.0, [1.0], [1.0], [], steps)
+    assert "729" in bench.breakdown_table([half]).splitlines()[2]
