@@ -15,10 +15,13 @@ user, one after the other, and stops the pool (also on failure):
      background work, off every job's path: larkd itself (polling no jobs) and the 30 s STARTD_CRON machine-ad
      probe. Why this way: a submit attribute or policy giving NetworkType "none" would still run the starter
      wrapper, both hooks, the job wrapper and a larkd round trip, i.e. measure Lark's "none" path, not "no Lark";
-     a second set of slots cannot have its own STARTER (the startd has one per machine). Reconfiguring the two
-     EPs between the halves changes nothing else: same slots, same schedd, same user, same submit file.
-The bench checks that this holds: every "lark" job's starter used lark-job-wrapper and ran the Lark hooks, and
-no "plain" job's starter did (StarterLog), else it fails.
+     a second slot type could clear USER_JOB_WRAPPER and the hook keyword for its starters (a starter reads
+     `slot_type_N.` settings), but the startd launches every slot's starter through the one STARTER, so
+     lark-starter would still run for the "plain" jobs. Reconfiguring the two EPs between the halves changes
+     nothing else: same slots, same schedd, same user, same submit file.
+The bench checks what the StarterLog shows: every "lark" job's starter used lark-job-wrapper and ran the Lark
+hooks, and no "plain" job's starter did, else it fails. lark-starter leaves no line there; that it is gone in the
+"plain" half follows from STARTER in the drop-in (and shows in the step table: activate -> starter banner).
 
 Per job, from the EPs' own logs (STARTD_DEBUG/STARTER_DEBUG = D_SUB_SECOND, millisecond timestamps, one clock):
   start_ms  the startd receiving the shadow's activate_claim (StartLog) -> the starter seeing the job's process
