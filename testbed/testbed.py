@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -148,6 +149,14 @@ def build() -> None:
 
 
 # -- install Lark -------------------------------------------------------------------------------------------
+def runtime_requirements() -> list[str]:
+    """What Lark needs at run time on an EP (setup.py's install_requires, no extras), but HTCondor's bindings:
+    the root has them from its condor package, matching the pool."""
+    import importlib.metadata
+    return [r.split(";")[0].strip() for r in importlib.metadata.requires("htcondor-lark") or []
+            if "extra ==" not in r and not r.startswith("htcondor")]
+
+
 def install() -> None:
     if not BUILD_STAMP.exists():
         raise SystemExit("testbed: not built; run `testbed.py build` first")
@@ -166,13 +175,18 @@ def install() -> None:
         run(["chroot", str(ROOT), "python3", "-m", "venv", "--system-site-packages", "/opt/lark"], env=env)
         run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
              "/opt/lark-wheels", "pyroute2"], env=env)
-    # Pure-Python dependencies added since the venv was made (larkd's metrics, lark report's tables).
-    if run(["chroot", str(ROOT), "/opt/lark/bin/python", "-c", "import prometheus_client, rich"], check=False,
-           env=env).returncode != 0:
+    # Run-time dependencies added since the venv was made (metrics, report tables, OVSDB...), as the checkout
+    # declares them, so a new one in setup.py cannot be forgotten here. All are pure Python: the host's pip
+    # fetches them for the root's newer Python.
+    needs = runtime_requirements()
+    names = [re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in needs]
+    if needs and run(["chroot", str(ROOT), "/opt/lark/bin/python", "-c",
+                      "import importlib.metadata as m, sys; [m.version(n) for n in sys.argv[1:]]", *names],
+                     check=False, env=env).returncode != 0:
         run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d",
-             str(ROOT / "opt/lark-wheels"), "prometheus-client>=0.17", "rich>=13"])
+             str(ROOT / "opt/lark-wheels"), *needs])
         run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
-             "/opt/lark-wheels", "prometheus-client", "rich"], env=env)
+             "/opt/lark-wheels", *needs], env=env)
     # The wheel is built by the host's pip (setuptools is there); the chroot installs it offline.
     wheels = ROOT / "opt/lark-wheels"
     for old in [*wheels.glob("lark-*.whl"), *wheels.glob("htcondor_lark-*.whl")]:

@@ -78,9 +78,7 @@ def test_install_doc_commands_install_lark_into_a_clean_root(clean_root, tmp_pat
     wheels = root / "opt" / "install-test-wheels"
     # What the wheel will ask for: its run-time requirements as the checkout declares them (HTCondor's own
     # bindings come from the root's packages, never from the index).
-    import importlib.metadata
-    needs = [r for r in importlib.metadata.requires("htcondor-lark") or []
-             if "extra ==" not in r and not r.startswith("htcondor")]
+    needs = testbed.runtime_requirements()
     cp = _sh([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(wheels),
               "setuptools", "wheel", *needs])
     assert cp.returncode == 0, cp.stderr
