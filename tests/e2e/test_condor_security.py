@@ -59,7 +59,9 @@ def test_figures_reach_history_when_the_job_kills_its_chirp_and_larkd_dies(pool)
     while not marker.exists():
         assert time.time() < deadline, "the job never finished its download"
         time.sleep(0.2)
-    time.sleep(3)  # a few polls: larkd has pushed what the job downloaded
+    # larkd has pushed what the job downloaded (its second push, 5 s after the first, follows the download; the
+    # first may have gone before it): only then is it killed, as the job goes on for 8 s.
+    wait_queue(cluster, ["NetworkIncomingBytes"], lambda r: r[0].isdigit() and int(r[0]) >= size, timeout=30)
     os.kill(larkd_pid(), signal.SIGKILL)
     inbytes, lark_type = history(cluster, ["NetworkIncomingBytes", "LarkNetworkType"], timeout=180)
     assert lark_type == "nat"
