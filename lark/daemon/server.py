@@ -64,6 +64,7 @@ class Larkd:
         self.pusher = (AdPusher(cfg.schedd_push_retry)
                        if cfg.ad_source == "startd" and cfg.schedd_push_interval > 0 else None)
         self.pushed_at: dict[str, tuple[str, float, int]] = {}  # key -> (job id, time of its last push, pushes)
+        self.push_requests: dict[str, tuple[str, float]] = {}  # key -> (job id, time of its last `push` request)
         self.log_limit = LogLimit()
         self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -386,9 +387,14 @@ class Larkd:
         if self.pusher is None or pin is None or not pin.global_job_id:
             return protocol.ok(pushed=False, reason="no schedd push for this job (ad_source or push interval)")
         now = time.monotonic()
-        job, last, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
-        if job == pin.job_id and last is not None and now - last < PUSH_REQUEST_MIN_S:
-            return protocol.ok(pushed=False, reason="pushed moments ago")  # a job looping on push: no schedd flood
+        # A job looping on `push` must not flood its schedd; only these requests count here, not the periodic
+        # pushes (one may have gone out just before the job ended).
+        job, asked = self.push_requests.get(key, ("", -1e9))
+        if job == pin.job_id and now - asked < PUSH_REQUEST_MIN_S:
+            return protocol.ok(pushed=False, reason="pushed moments ago")
+        self.push_requests[key] = (pin.job_id, now)
+        pushed_job, _, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
+        pushes = pushes if pushed_job == pin.job_id else 0
         if key in self.active:
             await self.loop.run_in_executor(self.pool, self.acct.poll)
         stats = self.stats(key)

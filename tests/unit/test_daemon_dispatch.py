@@ -162,6 +162,7 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
     hook = Peer(pid=ME, uid=1000, gid=1000)
 
     async def flow():
+        d.pushed_at["slot1"] = ("3.0", clock[0] - 0.5, 2)   # a periodic push just before: the barrier still goes
         first = _answer(await d.dispatch({"op": "push"}, hook))
         clock[0] += 1.0
         again = _answer(await d.dispatch({"op": "push"}, hook))
@@ -173,6 +174,7 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
     assert first["ok"] and first["pushed"] is True and later["pushed"] is True
     assert again["pushed"] is False and "moments ago" in again["reason"]
     # Counters read fresh for each push that went out, and those are what was pushed.
+    assert d.pushed_at["slot1"] == ("3.0", 1003.0, 4)
     assert polls == [1000.0, 1003.0] and pushed == [("ap#3.0#1", "3.0", {"bytes_in": 1}),
                                                    ("ap#3.0#1", "3.0", {"bytes_in": 2})]
     with pytest.raises(LarkError, match="only a job's own hook may ask larkd to push"):
