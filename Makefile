@@ -70,6 +70,7 @@ bench: deps
 	$(VPY) bench/paper_fig8.py
 	$(VPY) bench/report.py
 	$(VPY) bench/controller.py
+	$(VPY) bench/escape_attempts.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
