@@ -22,9 +22,10 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 # The whole suite: unit, real-kernel integration, and end-to-end jobs on the HTCondor testbed (built into
-# /var/cache/lark-testbed on first use, about a minute, then reused).
+# /var/cache/lark-testbed on first use, about a minute, then reused). The testbed's namespaces and root are
+# shared: the lock keeps a second suite, demo or pool benchmark from starting it at the same time.
 test: deps
-	$(VPY) -m pytest -q -p no:cacheprovider tests
+	flock /tmp/lark-testbed.lock $(VPY) -m pytest -q -p no:cacheprovider tests
 
 unit: deps
 	$(VPY) -m pytest -q -p no:cacheprovider tests/unit
@@ -37,7 +38,7 @@ testbed: deps
 	$(VPY) testbed/testbed.py up
 
 e2e: deps
-	$(VPY) -m pytest -q -p no:cacheprovider tests/e2e
+	flock /tmp/lark-testbed.lock $(VPY) -m pytest -q -p no:cacheprovider tests/e2e
 
 # Only the pool testbed's end-to-end tests (docs/pool.md); `make test` runs them too, once.
 e2e-pool: deps
@@ -69,6 +70,7 @@ bench: deps
 	$(VPY) bench/paper_fig8.py
 	$(VPY) bench/report.py
 	$(VPY) bench/controller.py
+	$(VPY) bench/escape_attempts.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

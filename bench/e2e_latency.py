@@ -8,8 +8,8 @@ Lark path: the test starter (tests/helpers/test_starter.c) clones each job into 
 (NAT, static address, limits both ways from the slot's Bandwidth, counters). Teardown: what the starter waits
 for after its job's program ended (larkd tears down after the starter exits, so nothing of Lark's should be in
 it; under load the figure is mostly this harness noticing the exit late) and the time until the job's netns and
-veth are gone from the kernel. Not measured here: a real starter's JOB_EXIT hook (`lark-hook exit`: one `stats`
-request and one condor_chirp per attribute), which the fake execution point has no chirp for.
+veth are gone from the kernel. Not measured here: a real starter's JOB_EXIT hook (`lark-hook exit`: one `push`
+request, for which larkd edits the job's ad at its schedd), which the fake execution point has no schedd for.
 CNI path: a runtime-like driver takes a timestamp, runs ADD for the chain (each plugin with the previous result),
 then execs `stamp` in the container's netns; DEL runs synchronously (a runtime waits for it).
 

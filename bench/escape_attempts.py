@@ -69,8 +69,13 @@ def main() -> int:
                 return 1
             ratios.append(bps / (LIMIT * 1e6))
             print(f"{direction:<10} {LIMIT:>12} {bps / 1e6:>15.2f} {ratios[-1]:>7.3f}")
-        print(f"worst_ratio={max(ratios):.3f} escapes={sum(escaped.values())}")
-        return 0
+        escapes = sum(escaped.values())
+        held = max(ratios) <= 0.97   # a limit that holds reads <= 0.956 (TCP/IP header overhead), noise aside
+        if escapes or not held:
+            log.error("the job got out: %d attack(s) succeeded, worst goodput/limit %.3f (goal <= 0.97)",
+                      escapes, max(ratios))
+        print(f"worst_ratio={max(ratios):.3f} escapes={escapes}")
+        return 0 if escapes == 0 and held else 1
     finally:
         if host:
             host.close()

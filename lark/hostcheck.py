@@ -127,8 +127,31 @@ def dhcpv6_client(cfg: Config, which: Callable[[str], str | None] = shutil.which
     return [Finding("DHCPv6", which("dhcpcd") or "dhcpcd", True, "larkd runs it in each job's netns")]
 
 
+YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def ptrace_scope(path: str = YAMA_SCOPE) -> Finding:
+    """Lark's hooks run as the job's user in the host's namespace and make themselves non-dumpable at once; until
+    then another process of that user could trace one (docs/design.md, "Threat model"). yama closes that."""
+    try:
+        with open(path) as f:
+            scope = int(f.read().strip())
+    except (OSError, ValueError):
+        scope = None
+    fix = ("sysctl -w kernel.yama.ptrace_scope=1 (and in /etc/sysctl.d), or USE_PID_NAMESPACES = True in "
+           "HTCondor's configuration")
+    if scope is None:
+        return Finding("ptrace", "no yama in this kernel", False,
+                       "hooks make themselves untraceable as they start; a same-uid job may race that start",
+                       "USE_PID_NAMESPACES = True in HTCondor's configuration (jobs then cannot see the hooks)")
+    if scope == 0:
+        return Finding("ptrace", "yama ptrace_scope 0", False,
+                       "hooks make themselves untraceable as they start; a same-uid job may race that start", fix)
+    return Finding("ptrace", f"yama ptrace_scope {scope}", True, "jobs cannot trace Lark's hooks")
+
+
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
-    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg)]
+    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), ptrace_scope()]
 
 
 def report(findings: list[Finding]) -> tuple[str, int]:

@@ -57,7 +57,7 @@ def loads(data: bytes | str) -> object:
         raise ValueError("extra data after the JSON document")
     return obj
 
-OPS = {"ping", "check", "setup", "release", "stats", "status", "gc", "totals"}
+OPS = {"ping", "check", "setup", "release", "stats", "push", "status", "gc", "totals"}
 
 
 def encode(msg: dict) -> bytes:

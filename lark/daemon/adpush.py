@@ -42,6 +42,9 @@ class AdPusher:
         self.retry_seconds = retry_seconds
         self.edit = edit or htcondor_edit
         self.pending: dict[str, Pending] = {}   # key -> a final push not yet accepted
+        # key -> (job id, its counters in the last push its schedd took): a final push that would say the same
+        # is not sent (after the JOB_EXIT barrier's push the job usually leaves the queue before teardown)
+        self.last_counters: dict[str, tuple[str, dict[str, str]]] = {}
         self._warned: dict[str, float] = {}
 
     def push(self, key: str, global_job_id: str, job_id: str, stats: dict) -> bool:
@@ -60,12 +63,18 @@ class AdPusher:
                 log.warning("could not push figures of job %s to schedd %s: %s", job_id,
                             schedd_of(global_job_id) or "(local)", e)
             return False
+        self.last_counters[key] = (job_id, counters(attrs))
         return True
 
     def push_final(self, key: str, global_job_id: str, job_id: str, summary: dict) -> bool:
         """The job's final figures; kept and retried by retry_pending() if the schedd does not take them now."""
         stats = {"finished": summary, "plan": {}}
+        last_job, last = self.last_counters.pop(key, ("", {}))
+        if last_job == job_id and last and last == counters(job_attributes(stats)):
+            self.pending.pop(key, None)
+            return True   # its schedd already has these counters (the JOB_EXIT barrier's push)
         if self.push(key, global_job_id, job_id, stats):
+            self.last_counters.pop(key, None)
             self.pending.pop(key, None)
             return True
         self.pending[key] = Pending(global_job_id, job_id, job_attributes(stats),
@@ -85,6 +94,13 @@ class AdPusher:
             except Exception:
                 continue
             self.pending.pop(key, None)
+
+
+COUNTERS = ("NetworkIncomingBytes", "NetworkOutgoingBytes", "NetworkIncomingPackets", "NetworkOutgoingPackets")
+
+
+def counters(attrs: dict[str, str]) -> dict[str, str]:
+    return {a: attrs[a] for a in COUNTERS if a in attrs}
 
 
 def htcondor_edit(schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:

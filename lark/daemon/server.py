@@ -34,6 +34,7 @@ from .sweep import sweep
 log = logging.getLogger("larkd")
 LISTEN_BACKLOG = 1024
 EARLY_REPUSH_S = 5.0   # a running job's second push to its schedd comes this soon after its first
+PUSH_REQUEST_MIN_S = 2.0  # a job's own `push` requests (the JOB_EXIT barrier) reach its schedd at most this often
 CHECK_REUSE_SECONDS = 120.0  # PREPARE_JOB runs seconds before the wrapper; longer means something else
 
 
@@ -63,6 +64,7 @@ class Larkd:
         self.pusher = (AdPusher(cfg.schedd_push_retry)
                        if cfg.ad_source == "startd" and cfg.schedd_push_interval > 0 else None)
         self.pushed_at: dict[str, tuple[str, float, int]] = {}  # key -> (job id, time of its last push, pushes)
+        self.push_requests: dict[str, tuple[str, float]] = {}  # key -> (job id, time of its last `push` request)
         self.log_limit = LogLimit()
         self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -355,6 +357,8 @@ class Larkd:
             if msg.get("fresh") and key in self.active:
                 await self.loop.run_in_executor(self.pool, self.acct.poll)
             return protocol.ok(**self.stats(key))
+        if op == "push":
+            return await self.op_push(who)
         if op == "totals":
             # Anyone may ask (the startd's cron runs as the condor user): node-wide sums only, no job named.
             return protocol.ok(**node_totals(self, self.uplink_mbit))
@@ -367,6 +371,37 @@ class Larkd:
             actions = await self.loop.run_in_executor(self.pool, sweep, self.net, set(self.active), dry)
             return protocol.ok(actions=actions, dry_run=dry)
         raise LarkError(f"operation {op} not handled", obj="protocol")
+
+    async def op_push(self, who: peercred.Peer) -> bytes:
+        """The JOB_EXIT hook's barrier: larkd reads the job's counters now and writes its figures into its ad at
+        its schedd itself (as root), then answers; the starter waits for the hook, so the job is still in the
+        queue and its history gets these figures. The hook only asks: it carries no figure, so a job that
+        tampers with it can at most skip the barrier (the periodic and the final push still happen)."""
+        starter = peercred.find_starter(who.pid, self.cfg.starter_paths)
+        if starter is None:
+            raise LarkError("only a job's own hook may ask larkd to push its figures",
+                            obj=f"pid {who.pid} uid {who.uid}",
+                            fix="configure lark-hook as the JOB_EXIT hook (condor_config.d/50-lark.conf)")
+        key = job_key(starter.slot)
+        pin = self._pin(key)
+        if self.pusher is None or pin is None or not pin.global_job_id:
+            return protocol.ok(pushed=False, reason="no schedd push for this job (ad_source or push interval)")
+        now = time.monotonic()
+        # A job looping on `push` must not flood its schedd; only these requests count here, not the periodic
+        # pushes (one may have gone out just before the job ended).
+        job, asked = self.push_requests.get(key, ("", -1e9))
+        if job == pin.job_id and now - asked < PUSH_REQUEST_MIN_S:
+            return protocol.ok(pushed=False, reason="pushed moments ago")
+        self.push_requests[key] = (pin.job_id, now)
+        pushed_job, _, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
+        pushes = pushes if pushed_job == pin.job_id else 0
+        if key in self.active:
+            await self.loop.run_in_executor(self.pool, self.acct.poll)
+        stats = self.stats(key)
+        ok = await self.loop.run_in_executor(self.pool, self.pusher.push, key, pin.global_job_id, pin.job_id, stats)
+        if ok:
+            self.pushed_at[key] = (pin.job_id, now, pushes + 1)
+        return protocol.ok(pushed=ok)
 
     def stats(self, key: str) -> dict:
         rec = self.records.load(key)

@@ -12,6 +12,7 @@ import os
 import sys
 
 from .client import call_patiently
+from .nodump import nondumpable
 from ..errors import DaemonUnreachable, LarkError
 
 STATUS_UNREACHABLE = 111   # HoldReasonSubCode: larkd not running on the execution point
@@ -32,6 +33,7 @@ def hold_ad(code: int, reason: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    nondumpable()  # runs as the job's user in the host's namespace: no process of that user may trace it
     if not sys.stdin.isatty():
         sys.stdin.read()  # the starter writes the job ad to our stdin
     try:

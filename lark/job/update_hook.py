@@ -1,22 +1,25 @@
-"""lark-hook: UPDATE_JOB_INFO and JOB_EXIT hooks. Push the job's traffic figures into its ad.
+"""lark-hook: the JOB_EXIT hook. A barrier: larkd writes the job's final figures into its ad before it leaves.
 
-Runs as the job's user in the host netns, under the job's starter, so larkd answers `stats` for that slot
-only. Values go in with `condor_chirp set_job_attr_delayed` (names covered by CHIRP_DELAYED_UPDATE_PREFIX)
-and reach condor_history with the job's final update. The first UPDATE_JOB_INFO may run before
-_CONDOR_CHIRP_CONFIG exists; then chirp fails and the next run tries again. Never fails the job.
+Runs as the job's user in the host netns, under the job's starter. It carries no figure: it asks larkd to `push`,
+and larkd reads the job's counters and edits the job's ad at its schedd itself, as root (lark/daemon/adpush.py).
+The starter waits for this hook, so the job is still in the queue and its history gets those figures. Nothing a
+job can change (its chirp configuration, this process) can change what is written; a job that stops this hook
+only loses the barrier, and larkd's periodic and final pushes still write its figures.
+
+Until 0.1 this hook chirped the figures (`set_job_attr_delayed`); a job could then forge them through its chirp
+configuration or by tracing this process. Configured as UPDATE_JOB_INFO (old configurations) it does nothing:
+larkd pushes running jobs' figures on its own. Never fails the job.
 """
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import sys
 
 from .client import call
+from .nodump import nondumpable
 from ..errors import LarkError
 
 log = logging.getLogger("lark-hook")
-CHIRP_CANDIDATES = ["/usr/libexec/condor/condor_chirp", "/usr/lib/condor/libexec/condor_chirp"]
 
 
 def job_attributes(stats: dict) -> dict[str, str]:
@@ -47,33 +50,21 @@ def job_attributes(stats: dict) -> dict[str, str]:
     return attrs
 
 
-def chirp_path() -> str | None:
-    for p in [os.environ.get("LARK_CONDOR_CHIRP", ""), *CHIRP_CANDIDATES]:
-        if p and os.access(p, os.X_OK):
-            return p
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
+    nondumpable()
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="lark-hook: %(message)s")
-    final = bool(argv and argv[0] == "exit")
     if not sys.stdin.isatty():
         sys.stdin.read()  # the starter writes the job ad to the hook's stdin; do not leave it blocked
+    if not argv or argv[0] != "exit":
+        return 0   # UPDATE_JOB_INFO: larkd pushes running jobs' figures itself
     try:
-        stats = call("stats", timeout=10, fresh=True)
+        answer = call("push", timeout=30)
     except LarkError as e:
-        log.warning("no figures from larkd: %s", e)
+        log.warning("larkd could not push the job's final figures now (its history keeps the last push): %s", e)
         return 0
-    chirp = chirp_path()
-    if not chirp:
-        log.warning("condor_chirp not found; set LARK_CONDOR_CHIRP")
-        return 0
-    for attr, value in job_attributes(stats).items():
-        cp = subprocess.run([chirp, "set_job_attr_delayed", attr, value], capture_output=True, text=True, timeout=20)
-        if cp.returncode != 0:
-            log.warning("chirp %s failed%s: %s", attr, " (final)" if final else "", cp.stderr.strip()[:200])
-            break
+    if not answer.get("pushed"):
+        log.warning("final figures not pushed: %s", answer.get("reason", "the schedd did not take them"))
     return 0
 
 

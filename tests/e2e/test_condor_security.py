@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from condor import as_root, history, job, submit, testbed, wait_queue
+from condor import as_root, history, job, out_of, submit, testbed, wait_queue
 
 pytestmark = pytest.mark.e2e
 RUNNING = "2"
@@ -104,3 +104,34 @@ def test_restarted_larkd_takes_over_a_running_job(pool):
     mine = [r for r in records if r.get("job_id") == f"{cluster}.0"]
     assert len(mine) == 1 and mine[0]["reason"] == "starter exited", mine
     assert mine[0]["bytes_in"] >= 2 * size
+
+
+def test_a_job_cannot_write_its_own_figures_and_its_last_bytes_reach_history(pool):
+    """The job moves its bytes after larkd's first periodic pushes, right before it ends, then tries to overwrite
+    its figures through chirp, both ways a job can (the starter's delayed updates and the shadow's direct ones):
+    both are refused (no chirp prefix for them on the EP, PROTECTED_JOB_ATTRS on the access point), and the
+    JOB_EXIT barrier has larkd push the final figures before the job leaves the queue: its history holds every
+    byte. A submit file that presets a figure is refused with the reason."""
+    size = 10_000_000
+    url = f"http://{testbed.WORLD_IP}:8000/10M.bin"
+    chirp = "/usr/libexec/condor/condor_chirp"
+    script = ("import subprocess, time, urllib.request\n"
+              "time.sleep(7)\n"   # past larkd's first two pushes (first poll, then 5 s later)
+              f"n = len(urllib.request.urlopen('{url}').read())\n"
+              "codes = []\n"
+              "for how in ('set_job_attr_delayed', 'set_job_attr'):\n"
+              f"    cp = subprocess.run(['{chirp}', how, 'NetworkIncomingBytes', '7'], capture_output=True)\n"
+              "    codes.append(cp.returncode)\n"
+              "print(n, *codes)\n")
+    d = testbed.ROOT / "home" / "alice" / "sec-forge"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "forge.py").write_text(script)
+    cluster = submit("sec-forge", job(args="forge.py", extra="+WantIOProxy = true"))
+    inbytes, = history(cluster, ["NetworkIncomingBytes"], timeout=180)
+    moved, delayed_rc, direct_rc = (int(x) for x in out_of("sec-forge").split())
+    assert moved == size
+    assert delayed_rc != 0 and direct_rc != 0          # both chirps refused
+    assert int(inbytes) >= size                        # larkd's figure, not the job's 7
+
+    with pytest.raises(RuntimeError, match="written by Lark"):
+        submit("sec-preset", job(args="-c pass", extra="+NetworkIncomingBytes = 0"))

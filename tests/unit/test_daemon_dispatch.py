@@ -137,3 +137,45 @@ def test_running_jobs_are_pushed_at_first_poll_again_soon_then_every_interval_an
                     global_job_id="ap#4.0#1"))
     poll_at(1127.0)
     assert pushed[-1] == (1127.0, "4.0")
+
+
+def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_path, monkeypatch):
+    """`push` (the JOB_EXIT hook's only request): larkd reads the counters and writes the job's ad itself; a
+    process outside any job cannot ask, and a job looping on it reaches its schedd at most every 2 s."""
+    from lark.daemon.pins import Pin
+    d, _ = _daemon(tmp_path, monkeypatch)
+    clock = [1000.0]
+    monkeypatch.setattr(server_mod.time, "monotonic", lambda: clock[0])
+    polls, pushed = [], []
+
+    class FakePusher:
+        def push(self, key, gid, job_id, stats):
+            pushed.append((gid, job_id, stats["usage"]))
+            return True
+
+    d.pusher = FakePusher()
+    monkeypatch.setattr(d.acct, "poll", lambda: polls.append(clock[0]))
+    monkeypatch.setattr(d, "stats", lambda key: {"key": key, "usage": {"bytes_in": len(polls)}})
+    d.pins.save(Pin(key="slot1", starter_pid=ME, starter_start=1, netns_inode=7, job_id="3.0",
+                    global_job_id="ap#3.0#1"))
+    d.active = {"slot1"}
+    hook = Peer(pid=ME, uid=1000, gid=1000)
+
+    async def flow():
+        d.pushed_at["slot1"] = ("3.0", clock[0] - 0.5, 2)   # a periodic push just before: the barrier still goes
+        first = _answer(await d.dispatch({"op": "push"}, hook))
+        clock[0] += 1.0
+        again = _answer(await d.dispatch({"op": "push"}, hook))
+        clock[0] += 2.0
+        later = _answer(await d.dispatch({"op": "push"}, hook))
+        return first, again, later
+
+    first, again, later = _run(d, flow)
+    assert first["ok"] and first["pushed"] is True and later["pushed"] is True
+    assert again["pushed"] is False and "moments ago" in again["reason"]
+    # Counters read fresh for each push that went out, and those are what was pushed.
+    assert d.pushed_at["slot1"] == ("3.0", 1003.0, 4)
+    assert polls == [1000.0, 1003.0] and pushed == [("ap#3.0#1", "3.0", {"bytes_in": 1}),
+                                                   ("ap#3.0#1", "3.0", {"bytes_in": 2})]
+    with pytest.raises(LarkError, match="only a job's own hook may ask larkd to push"):
+        _run(d, lambda: d.dispatch({"op": "push"}, Peer(pid=1, uid=1000, gid=1000)))

@@ -322,3 +322,34 @@ def test_client_turns_a_busy_answer_into_a_retryable_error(tmp_path):
         call("setup", path=path, timeout=5)
     t.join()
     srv.close()
+
+
+def test_final_push_is_skipped_when_the_barrier_already_pushed_the_same_counters():
+    """After the JOB_EXIT barrier's push the job usually leaves the queue before teardown: a final push with the
+    same counters would fail and be retried for nothing. One with new counters still goes out."""
+    from lark.daemon.adpush import AdPusher
+    calls = []
+    p = AdPusher(edit=lambda schedd, job, attrs: calls.append(dict(attrs)))
+    usage = {"bytes_in": 500, "bytes_out": 7, "packets_in": 3, "packets_out": 2, "avg_in_bps": 10.0}
+    assert p.push("slot1", "ap#9.0#1", "9.0", {"usage": usage, "plan": {"network_type": "nat"}})
+    assert p.push_final("slot1", "ap#9.0#1", "9.0", dict(usage, avg_in_bps=9.5)) is True
+    assert len(calls) == 1 and p.pending == {}
+    # Another job of the slot, or more bytes since the barrier: pushed.
+    assert p.push("slot1", "ap#9.0#1", "9.0", {"usage": usage, "plan": {}})
+    assert p.push_final("slot1", "ap#9.0#1", "9.0", dict(usage, bytes_in=600)) is True
+    assert calls[-1]["NetworkIncomingBytes"] == "600"
+    assert p.push("slot1", "ap#9.0#1", "9.0", {"usage": usage, "plan": {}})
+    assert p.push_final("slot1", "ap#10.0#1", "10.0", usage) is True and calls[-1]["NetworkIncomingBytes"] == "500"
+    assert len(calls) == 5
+
+
+def test_job_exit_hook_asks_larkd_to_push_and_writes_nothing_itself(monkeypatch, capsys):
+    """The hook carries no figure (a traced or tampered hook cannot forge one): it only asks for `push`."""
+    from lark.job import update_hook
+    asked = []
+    monkeypatch.setattr(update_hook, "call", lambda op, **kw: asked.append(op) or {"ok": True, "pushed": True})
+    monkeypatch.setattr(update_hook.sys, "stdin", __import__("io").StringIO("Owner = \"alice\"\n"))
+    assert update_hook.main(["exit"]) == 0
+    assert update_hook.main([]) == 0            # configured as UPDATE_JOB_INFO (old config): nothing to do
+    assert asked == ["push"]
+    assert not hasattr(update_hook, "chirp_path") and "subprocess" not in vars(update_hook)

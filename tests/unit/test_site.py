@@ -182,3 +182,15 @@ def test_setup_job_for_a_bridged_job_without_host_address_on_the_bridge(tmp_path
     monkeypatch.setattr(dns, "host_address_on", lambda ipr, dev: "192.0.2.2")
     assert dns.setup_job(fwd, None, "bridge", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == ["127.0.0.53"]
     assert steered[0][6] == "192.0.2.2"  # the route to the forwarder goes via the host's bridge address
+
+
+def test_ptrace_scope_finding(tmp_path):
+    from lark.hostcheck import ptrace_scope
+    f = tmp_path / "ptrace_scope"
+    assert not ptrace_scope(str(tmp_path / "absent")).ok
+    assert "USE_PID_NAMESPACES" in ptrace_scope(str(tmp_path / "absent")).fix
+    f.write_text("0\n")
+    zero = ptrace_scope(str(f))
+    assert not zero.ok and "kernel.yama.ptrace_scope=1" in zero.fix
+    f.write_text("1\n")
+    assert ptrace_scope(str(f)).ok and ptrace_scope(str(f)).fix == ""
