@@ -9,7 +9,7 @@ from lark.controller.flows import T_FORWARD
 from lark.controller.model import JobReg
 from lark.controller.ofapp import SwitchError
 from lark.controller.registry import Registry
-from lark.controller.wan import METER_BASE, MeterCounters, WanPlan, is_lark_meter
+from lark.controller.wan import METER_BASE, LimitCounters, WanPlan, is_lark_meter
 from lark.controller.wan_of import WanMeters
 from lark.errors import LarkError
 
@@ -36,7 +36,7 @@ def test_first_matching_group_wins_and_catch_all_is_other():
     assert plan.group_of(job(group="cms.prod")) == 0
     assert plan.group_of(job(bw=800)) == 1
     assert plan.group_of(job(group="atlas")) == 2
-    assert [g.burst_kbit for g in c.wan_groups] == [62500, 225000, 25000]   # 25% of the rate, in kbit
+    assert [g.burst_kbit("wan0") for g in c.wan_groups] == [62500, 225000, 25000]   # 25% of the rate, in kbit
 
 
 def test_one_metering_flow_per_address_and_none_when_unmatched_passes():
@@ -65,10 +65,10 @@ def test_meter_ids_mark_larks_meters():
 
 
 def test_counters_give_rate_between_polls():
-    c = MeterCounters()
-    c.update(1, METER_BASE, 1000, now=10.0)
-    c.update(1, METER_BASE, 1000 + 12_500_000, now=11.0)
-    st = c.status(WanPlan(cfg().wan_groups), {METER_BASE: 2})
+    c = LimitCounters()
+    c.update(1, (0, 0), 1000, now=10.0)
+    c.update(1, (0, 0), 1000 + 12_500_000, now=11.0)
+    st = c.status(WanPlan(cfg().wan_groups), {(0, 0): 2})
     assert st[0]["rate_now_mbit"] == 100.0 and st[0]["bytes"] == 12_501_000 and st[0]["jobs"] == 2
     assert st[1]["bytes"] == 0
 
@@ -140,8 +140,8 @@ def test_meter_made_once_before_flows_and_released_after_last_job():
     app = FakeApp(c)
     wm, sw = WanMeters(app, app.registry.wan), switch()
     e, _ = app.registry.register(job(1, group="cms"))
-    wm.ensure(sw, WanPlan.meters_in(e.flows))
-    wm.ensure(sw, WanPlan.meters_in(e.flows))
+    wm.ensure(sw, app.registry.wan.limits_in(e.flows))
+    wm.ensure(sw, app.registry.wan.limits_in(e.flows))
     assert app.mods() == [(ofp.OFPMC_ADD, METER_BASE, [(250_000, 62_500)])]
     wm.release(sw)
     assert len(app.mods()) == 1, "released a meter a registered job still needs"
@@ -153,7 +153,7 @@ def test_meter_made_once_before_flows_and_released_after_last_job():
 def test_refused_meter_names_the_group():
     app = FakeApp(cfg(), refuse={METER_BASE + 2})
     with pytest.raises(SwitchError, match=r"0x4c02 \(group other\)"):
-        WanMeters(app, app.registry.wan).ensure(switch(), {METER_BASE + 2})
+        WanMeters(app, app.registry.wan).ensure(switch(), {(2, 0)})
 
 
 def test_switch_up_rerates_drops_orphans_and_leaves_unused_for_reconcile():
