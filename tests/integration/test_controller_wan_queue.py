@@ -114,7 +114,7 @@ def test_queues_follow_the_groups_first_and_last_job(pool):
     assert lark_queues(pool) == {("cms", "wan0"): 20_000_000}
     qos = ovs_json(pool, "list", "QoS", port_qos(pool, "wan0"))[0]
     assert qos["type"] == "linux-htb" and qos["external_ids"] == {"lark-owner": "controller", "lark-port": "wan0"}
-    assert "rate 20Mbit ceil 20Mbit" in tc(pool, "class", "show", "dev", "wan0", "classid", "1:2")
+    assert "rate 20Mbit ceil 20Mbit burst 25000b" in tc(pool, "class", "show", "dev", "wan0", "classid", "1:2")
     # the userspace datapath ignores set_queue, so the job's source address is classified by tc, into its class
     assert job_classes(pool) == {"1:f001": "1:2"} and filters(pool) == {hexip(10): "1:f001"}
     assert [f for f in pool.flows() if "set_queue:1" in f and "nw_src=10.77.1.10" in f], pool.flows()
