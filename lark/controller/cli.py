@@ -80,11 +80,18 @@ def print_status(st: dict) -> None:
           f"base flows: {t['base_flows']}   flows per switch: {t['flows_per_switch']}   RSS: {st['rss_kib']} KiB")
     for s in st["switches"]:
         print(f"  switch {s['dpid']} from {s['address']} ready={s['ready']} wan_ports={s['wan_ports']}")
-    if st.get("wan_groups"):   # issue 12: one OpenFlow meter per group, counted at the core switch
-        print(f"{'WAN group':<16} {'meter':>6} {'limit Mbit/s':>12} {'jobs':>5} {'now Mbit/s':>11} {'bytes total':>14}")
+    if st.get("wan_groups"):   # issue 12: per group and WAN port an OpenFlow meter or a queue, counted at the switch
+        print(f"{'WAN group':<16} {'limit':>6} {'limit Mbit/s':>12} {'jobs':>5} {'now Mbit/s':>11} {'bytes total':>14}")
+
+        def row(name: str, r: dict) -> None:
+            limit = f"{r['meter']:#6x}" if "meter" in r else f"{'q' + str(r.get('queue', '?')):>6}"
+            print(f"{name:<16} {limit} {r['rate_mbit']:>12g} {r['jobs']:>5} {r['rate_now_mbit']:>11.2f} "
+                  f"{r['bytes']:>14}")
         for g in st["wan_groups"]:
-            print(f"{g['group']:<16} {g['meter']:#6x} {g['rate_mbit']:>12g} {g['jobs']:>5} {g['rate_now_mbit']:>11.2f} "
-                  f"{g['bytes']:>14}")
+            row(g["group"], g)
+            ports = g.get("ports", [])
+            for p in ports if len(ports) > 1 else []:   # per WAN port, when there are several
+                row(f"  @{p['port']}", p)
     if st["jobs"]:
         print(f"{'job':<12} {'owner':<12} {'group':<12} {'ep':<10} {'addresses':<26} {'flows':>5}  policy")
     for j in st["jobs"]:

@@ -53,9 +53,14 @@ class ControllerConfig:
     # isolate their job ports (larkd bridge_isolate_jobs), and the controller sends their jobs' frames back.
     ep_ports: dict[str, str] = field(default_factory=dict)
     policies: list[Policy] = field(default_factory=list)
-    # [[wan_group]] sections (issue 12, lark.controller.wan): per-group WAN meters; [wan] unmatched = pass | drop
+    # [[wan_group]] sections (issue 12, lark.controller.wan): per-group WAN limits; [wan] unmatched = pass | drop
     wan_groups: list = field(default_factory=list)
     wan_unmatched: str = "pass"
+    # [wan] mechanism: "meter" (OpenFlow 1.3 meters, policing) or "queue" (queues on the WAN ports, shaping)
+    wan_mechanism: str = "meter"
+    # [wan] ovsdb: with "queue", the OVSDB of the Open vSwitch whose WAN ports get Lark's queues; "" = the site made
+    # the queues itself (hardware switch, vendor tooling) and Lark only sends set_queue
+    wan_ovsdb: str = "unix:/var/run/openvswitch/db.sock"
 
     @property
     def attributes(self) -> list[str]:
@@ -98,7 +103,11 @@ class ControllerConfig:
             raise bad("ep_ports", f"{self.ep_ports} names a port twice or a WAN port",
                       "give each EP the one switch port its uplink is on, never a port of wan_ports")
         from .wan import WanPlan
-        WanPlan(self.wan_groups, self.wan_unmatched)   # raises a LarkError naming the [wan] key
+        WanPlan(self.wan_groups, self.wan_unmatched, self.wan_mechanism, self.wan_ports)   # errors name the key
+        if not isinstance(self.wan_ovsdb, str) or (self.wan_ovsdb and not self.wan_ovsdb.startswith(
+                ("unix:", "tcp:", "ssl:"))):
+            raise bad("wan.ovsdb", f"{self.wan_ovsdb!r} is not an OVSDB remote",
+                      'e.g. "unix:/var/run/openvswitch/db.sock", or "" when the site makes the queues itself')
         if (self.wan_groups or self.wan_unmatched == "drop") and not self.site_prefixes:
             raise bad("site_prefixes", "[[wan_group]] needs to know which destinations are not the WAN",
                       'set site_prefixes = ["10.77.0.0/16"] under [switch]')
@@ -131,7 +140,7 @@ _SECTIONS = {
     "switch": {"wan_ports": "wan_ports", "site_prefixes": "site_prefixes", "barrier_timeout": "barrier_timeout",
                "reconcile_grace": "reconcile_grace", "reconcile_interval": "reconcile_interval",
                "ep_ports": "ep_ports"},
-    "wan": {"unmatched": "wan_unmatched"},
+    "wan": {"unmatched": "wan_unmatched", "mechanism": "wan_mechanism", "ovsdb": "wan_ovsdb"},
 }
 
 
@@ -142,7 +151,8 @@ def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
             continue
         if section not in _SECTIONS or not isinstance(keys, dict):
             raise LarkError(f"unknown section [{section}]", obj="controller config",
-                            fix="use [openflow], [api], [switch] and [[policy]] (docs/controller.md)")
+                            fix="use [openflow], [api], [switch], [wan], [[policy]] and [[wan_group]] "
+                                "(docs/controller.md)")
         for key, value in keys.items():
             if key not in _SECTIONS[section]:
                 raise LarkError(f"unknown key {section}.{key}", obj="controller config",

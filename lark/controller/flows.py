@@ -55,6 +55,14 @@ class Decision:
         return self.slice_id | (self.wan_action << WAN_SHIFT)
 
 
+def wan_port(d: Decision) -> int | None:
+    """Index into wan_ports of the port the job's WAN traffic leaves by: 0 (the normal exit), the one a wan_steer
+    policy names, or None when a wan_drop policy keeps it off the WAN."""
+    if d.wan_action == WAN_DROP:
+        return None
+    return d.wan_action - 2 if d.wan_action >= 2 else 0
+
+
 def job_ad(job: JobReg) -> classad2.ClassAd:
     """The job ad the policies see: the attributes larkd forwarded, then the fields it always sends."""
     ad = classad2.ClassAd()

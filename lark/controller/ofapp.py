@@ -14,12 +14,14 @@ from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_D
 from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_3
 
+from ..errors import LarkError
 from .config import ControllerConfig
 from . import hairpin
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
 from .registry import Entry, Registry
-from .wan_of import WanMeters
+from .wan import LIMIT_ACTIONS
+from .wan_of import make_limits
 
 log = logging.getLogger("lark.controller")
 
@@ -63,7 +65,7 @@ class LarkSwitchApp(app_manager.OSKenApp):
         self.registry = REGISTRY
         self.base = (base_flows(self.cfg) + self.registry.wan.base_flows(self.cfg.site_prefixes)
                      + hairpin.base_flows(self.cfg))
-        self.wan = WanMeters(self, self.registry.wan)
+        self.wan = make_limits(self, self.registry.wan)   # meters or queues, as [wan] mechanism says
         self.switches: dict[int, Switch] = {}
         self._waiters: dict[tuple[int, int], _Waiter] = {}
         self._errors: dict[tuple[int, int], str] = {}
@@ -73,7 +75,7 @@ class LarkSwitchApp(app_manager.OSKenApp):
         INSTANCE = self
         hub.spawn(self._reconcile_loop)
         if self.registry.wan.groups:
-            hub.spawn(self._meter_poll_loop)
+            hub.spawn(self._limit_poll_loop)
 
     # -- switch life cycle ----------------------------------------------------------------------------
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
@@ -120,7 +122,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
 
     # -- replies ----------------------------------------------------------------------------------------
     @set_ev_cls([ofp_event.EventOFPBarrierReply, ofp_event.EventOFPFlowStatsReply,
-                 ofp_event.EventOFPMeterConfigStatsReply, ofp_event.EventOFPMeterStatsReply], MAIN_DISPATCHER)
+                 ofp_event.EventOFPMeterConfigStatsReply, ofp_event.EventOFPMeterStatsReply,
+                 ofp_event.EventOFPQueueStatsReply], MAIN_DISPATCHER)
     def _reply(self, ev) -> None:
         msg = ev.msg
         w = self._waiters.get((msg.datapath.id, msg.xid))
@@ -181,9 +184,17 @@ class LarkSwitchApp(app_manager.OSKenApp):
             inst = ([p.OFPInstructionWriteMetadata(md, mask)] if mask else []) + [p.OFPInstructionGotoTable(table)]
         elif kind == "normal":
             inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
-        elif kind == "meter_normal":   # WAN group limit (lark.controller.wan)
-            inst = [p.OFPInstructionMeter(f.action[1], o.OFPIT_METER),
-                    p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
+        elif kind in LIMIT_ACTIONS:   # WAN group limit (lark.controller.wan): meter or queue, then NORMAL or a port
+            out = o.OFPP_NORMAL if kind.endswith("_normal") else sw.ports.get(f.action[2])
+            if out is None:
+                log.warning("switch %016x has no port %r: %s not installed there", dp.id, f.action[2], f.describe())
+                return None
+            if kind.startswith("meter"):
+                inst = [p.OFPInstructionMeter(f.action[1], o.OFPIT_METER),
+                        p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(out)])]
+            else:
+                inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionSetQueue(f.action[1]),
+                                                                        p.OFPActionOutput(out)])]
         elif kind == "in_port":          # same-EP hairpin (lark.controller.hairpin)
             inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_IN_PORT)])]
         elif kind == "in_port_normal":
@@ -232,13 +243,23 @@ class LarkSwitchApp(app_manager.OSKenApp):
         adds = [(e.cookie, f, e.job.name) for e in install for f in e.flows]
         removes = [e.cookie for e in remove]
         errors = []
-        meters = {m for e in install for m in self.wan.plan.meters_in(e.flows)}
+        limits = {m for e in install for m in self.wan.plan.limits_in(e.flows)}
+        done = []
         for sw in switches:
             try:
-                self.wan.ensure(sw, meters)
+                self.wan.ensure(sw, limits)      # a limit exists before the first flow naming it
                 self._batch(sw, adds, removes)
-                self.wan.release(sw)
-            except SwitchError as e:
+                done.append(sw)
+            except (SwitchError, LarkError) as e:
+                errors.append(str(e))
+        try:
+            self.wan.classify()                  # queues on a userspace datapath: tc by source address (wan_queue)
+        except LarkError as e:
+            errors.append(str(e))
+        for sw in done:
+            try:
+                self.wan.release(sw)             # and is removed after the last flow naming it
+            except (SwitchError, LarkError) as e:
                 errors.append(str(e))
         return {"switches": len(switches), "flows": len(adds), "removed": len(removes), "errors": errors}
 
@@ -301,14 +322,14 @@ class LarkSwitchApp(app_manager.OSKenApp):
                 except Exception as e:
                     log.error("switch %016x: reconciliation failed: %s", sw.dp.id, e)
 
-    def _meter_poll_loop(self) -> None:
+    def _limit_poll_loop(self) -> None:
         while True:
             for sw in list(self.switches.values()):
                 if sw.ready.is_set():
                     try:
                         self.wan.poll(sw)
                     except Exception as e:
-                        log.warning("switch %016x: WAN meter stats: %s", sw.dp.id, e)
+                        log.warning("switch %016x: WAN limit stats: %s", sw.dp.id, e)
             time.sleep(2.0)
 
     def _reconcile_loop(self) -> None:

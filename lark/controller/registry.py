@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..errors import LarkError
 from . import hairpin
 from .config import ControllerConfig
-from .flows import Decision, Flow, decide, job_flows
+from .flows import Decision, Flow, decide, job_flows, wan_port
 from .model import JobReg
 from .wan import WanPlan
 
@@ -42,7 +42,7 @@ class Registry:
     def __init__(self, cfg: ControllerConfig):
         self.cfg = cfg
         self._exprs = {p.name: p.expr() for p in cfg.policies}
-        self.wan = WanPlan(cfg.wan_groups, cfg.wan_unmatched)
+        self.wan = WanPlan(cfg.wan_groups, cfg.wan_unmatched, cfg.wan_mechanism, cfg.wan_ports)
         self._jobs: dict[tuple[str, str], Entry] = {}
         self._slices: dict[int, str] = {}      # slice id -> name, to refuse a (2^-32) hash collision
         self._lock = threading.Lock()
@@ -55,7 +55,8 @@ class Registry:
             if other is not None and other != d.slice_name:
                 raise LarkError(f"slice {d.slice_name!r} hashes to the same id as slice {other!r}", job=job.job_id,
                                 obj="per-user slices", fix="rename one of the slice policies (the id is a hash)")
-        wan = self.wan.job_flows(job) if not d.blocked_by else []   # into its group's WAN meter (issue 12)
+        # into its group's WAN limit on the port its WAN traffic leaves by (issue 12)
+        wan = self.wan.job_flows(job, wan_port(d)) if not d.blocked_by else []
         same_ep = hairpin.job_flows(job, self.cfg) if not d.blocked_by else []   # back to its isolated EP
         return Entry(job, d, job_flows(job, d) + wan + same_ep, job.cookie)
 

@@ -1,13 +1,31 @@
-"""The OpenFlow 1.3 side of the WAN group limits: meters on each switch, made, removed, reconciled and counted
-through os-ken (the app's own connection; no ovs-ofctl). Called by ofapp.LarkSwitchApp at its hooks."""
+"""The OpenFlow 1.3 side of the WAN group limits: meters on each switch, one per (group, WAN port), made, removed,
+reconciled and counted through os-ken (the app's own connection; no ovs-ofctl). Called by ofapp.LarkSwitchApp at
+its hooks. The queue mechanism (lark.controller.wan_queue) has the same hooks."""
 from __future__ import annotations
 
 import logging
 import threading
 
-from .wan import MeterCounters, WanPlan, is_lark_meter, meter_id
+from .wan import LimitCounters, WanPlan, is_lark_meter, meter_id, meter_limit
 
 log = logging.getLogger("lark.controller.wan")
+
+
+def make_limits(app, plan: WanPlan):
+    """The app's WAN limits as `[wan] mechanism` says: WanMeters or WanQueues."""
+    if plan.mechanism == "queue":
+        from .wan_queue import WanQueues
+        return WanQueues(app, plan)
+    return WanMeters(app, plan)
+
+
+def limits_needed(app) -> dict[tuple[int, int], int]:
+    """(group, port) -> number of registered jobs whose flows name that limit."""
+    out: dict[tuple[int, int], int] = {}
+    for e in app.registry.entries():
+        for lim in app.registry.wan.limits_in(e.flows):
+            out[lim] = out.get(lim, 0) + 1
+    return out
 
 
 class WanMeters:
@@ -18,16 +36,25 @@ class WanMeters:
         # dpid -> meters this process made or used for a registered job: only these are released when a group's
         # last job leaves; others (found at start) wait for reconcile(), after every larkd had time to resync.
         self.used: dict[int, set[int]] = {}
-        self.counters = MeterCounters()
+        self.counters = LimitCounters()
         self._lock = threading.Lock()
 
     # -- wire --------------------------------------------------------------------------------------------
+    def _want(self) -> dict[int, tuple[int, int]]:
+        """Every meter the config can need: id -> (rate kbit/s, burst kbit) on its port."""
+        out = {}
+        for g, grp in enumerate(self.plan.groups):
+            for p in range(max(1, len(self.plan.wan_ports))):
+                port = self.plan.port_name(p)
+                out[meter_id(g, p)] = (grp.rate_kbps(port), grp.burst_kbit(port))
+        return out
+
     def _meter_mod(self, dp, command: int, mid: int):
         p, o = dp.ofproto_parser, dp.ofproto
         if command == o.OFPMC_DELETE:
             return p.OFPMeterMod(dp, command=command, flags=0, meter_id=mid, bands=[])
-        g = self.plan.groups[mid - meter_id(0)]
-        band = p.OFPMeterBandDrop(rate=g.rate_kbps, burst_size=g.burst_kbit)
+        rate, burst = self._want()[mid]
+        band = p.OFPMeterBandDrop(rate=rate, burst_size=burst)
         return p.OFPMeterMod(dp, command=command, flags=o.OFPMF_KBPS | o.OFPMF_BURST | o.OFPMF_STATS,
                              meter_id=mid, bands=[band])
 
@@ -52,10 +79,10 @@ class WanMeters:
         for reply in self.app._request(dp, p.OFPMeterStatsRequest(dp, 0, o.OFPM_ALL), self._timeout()):
             for m in reply.body:
                 if is_lark_meter(m.meter_id):
-                    self.counters.update(dp.id, m.meter_id, m.byte_in_count)
+                    self.counters.update(dp.id, meter_limit(m.meter_id), m.byte_in_count)
 
     def _send(self, sw, mods: list[tuple[int, int]]) -> None:
-        """Meter mods then a barrier; an OpenFlow error names the meter and its group."""
+        """Meter mods then a barrier; an OpenFlow error names the meter, its group and port."""
         dp = sw.dp
         sent = {}
         for command, mid in mods:
@@ -69,15 +96,19 @@ class WanMeters:
                 f"{mid:#x} (group {self._group(mid)}): {e}" for mid, e in failed))
 
     def _group(self, mid: int) -> str:
-        i = mid - meter_id(0)
-        return self.plan.groups[i].name if 0 <= i < len(self.plan.groups) else "?"
+        g, p = meter_limit(mid)
+        name = self.plan.groups[g].name if 0 <= g < len(self.plan.groups) else "?"
+        return name if p == 0 else f"{name} on {self.plan.port_name(p)}"
 
     # -- life cycle ---------------------------------------------------------------------------------------
     def needed(self) -> set[int]:
-        return {m for e in self.app.registry.entries() for m in WanPlan.meters_in(e.flows)}
+        return {meter_id(g, p) for g, p in limits_needed(self.app)}
 
-    def ensure(self, sw, meters: set[int]) -> None:
+    def ensure(self, sw, limits: set[tuple[int, int]]) -> None:
         """Create the meters the next flows name, before those flows (a flow naming a missing meter is refused)."""
+        self._ensure(sw, {meter_id(g, p) for g, p in limits})
+
+    def _ensure(self, sw, meters: set[int]) -> None:
         o = sw.dp.ofproto
         with self._lock:
             have = self.on_switch.setdefault(sw.dp.id, set())
@@ -88,6 +119,9 @@ class WanMeters:
                 have.update(missing)
                 log.info("switch %016x: created WAN meters %s", sw.dp.id,
                          ", ".join(f"{m:#x}={self._group(m)}" for m in missing))
+
+    def classify(self) -> None:
+        """Meters classify by their flows alone."""
 
     def release(self, sw, everything: bool = False) -> None:
         """After flows were removed: delete Lark's meters no registered job needs (a group's last job left);
@@ -102,7 +136,7 @@ class WanMeters:
                 self._send(sw, [(o.OFPMC_DELETE, m) for m in unused])
                 have.difference_update(unused)
                 for m in unused:
-                    self.counters.forget(sw.dp.id, m)
+                    self.counters.forget(sw.dp.id, meter_limit(m))
                 log.info("switch %016x: deleted WAN meters %s (no job of the group left)", sw.dp.id,
                          ", ".join(f"{m:#x}" for m in unused))
 
@@ -111,7 +145,7 @@ class WanMeters:
         ones for registered jobs. Unused ones are removed by reconcile() once larkds had time to resync."""
         o = sw.dp.ofproto
         on = self.switch_meters(sw)
-        want = {meter_id(i): (g.rate_kbps, g.burst_kbit) for i, g in enumerate(self.plan.groups)}
+        want = self._want()
         with self._lock:
             self.on_switch[sw.dp.id] = set(on)
         changed = [m for m, conf in on.items() if m in want and conf != want[m]]
@@ -123,15 +157,11 @@ class WanMeters:
             self._send(sw, [(o.OFPMC_DELETE, m) for m in orphans])
             with self._lock:
                 self.on_switch[sw.dp.id].difference_update(orphans)
-        self.ensure(sw, self.needed())
+        self._ensure(sw, self.needed())
 
     def reconcile(self, sw) -> None:
-        self.ensure(sw, self.needed())
+        self._ensure(sw, self.needed())
         self.release(sw, everything=True)
 
     def status(self) -> list[dict]:
-        per_meter: dict[int, int] = {}
-        for e in self.app.registry.entries():
-            for m in WanPlan.meters_in(e.flows):
-                per_meter[m] = per_meter.get(m, 0) + 1
-        return self.counters.status(self.plan, per_meter)
+        return self.counters.status(self.plan, limits_needed(self.app))

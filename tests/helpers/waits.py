@@ -49,3 +49,13 @@ def assert_transfers_limited(host, slot: str, cluster: int, mbit: int, world_ip:
     floor = size * 8 / (mbit * 1e6) * 0.9
     assert r["down_s"] >= floor and r["up_s"] >= floor, r
     return r
+
+
+def wait_for(cond, timeout: float = 15.0) -> bool:
+    """True as soon as cond() is, False if it never was within `timeout` seconds (polled every 0.2 s)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return True
+        time.sleep(0.2)
+    return False

@@ -1,7 +1,6 @@
 """WAN bandwidth per accounting group (issue 12) on a real OVS (private, userspace datapath) with the real
 controller process: OpenFlow 1.3 meters made at a group's first registration, removed at its last, reconciled
 after a kill -9, and a group's aggregate WAN traffic policed to its rate."""
-import json
 import re
 import shutil
 import time
@@ -9,7 +8,8 @@ import time
 import pytest
 
 from helpers.sdn import BRIDGE, GW, WAN_SERVER, SdnPool, sh, started_pool
-from helpers.wan_traffic import udp_upload
+from helpers.waits import wait_for
+from helpers.wan_traffic import udp_upload, wan_rx_bytes
 from lark.controller.wan import METER_BASE
 
 pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
@@ -43,15 +43,6 @@ def meters(pool) -> dict[int, str]:
 def add_meter(pool, mid: int, kbps: int) -> None:
     sh(["ovs-ofctl", "-O", "OpenFlow13", "add-meter", f"unix:{pool.ovs.dir}/{BRIDGE}.mgmt",
         f"meter={mid},kbps,band=type=drop,rate={kbps}"])
-
-
-def wait_for(cond, timeout: float = 15.0) -> bool:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_meters_follow_the_groups_first_and_last_job(pool):
@@ -101,20 +92,15 @@ def test_meters_reconciled_after_kill_9(pool):
     assert len([f for f in pool.flows() if f"meter:{CMS}" in f]) == 1
 
 
-def _wan_rx_bytes(pool) -> int:
-    cp = sh(["ip", "-n", pool.wan, "-j", "-s", "link", "show", "w0"])
-    return json.loads(cp.stdout)[0]["stats64"]["rx"]["bytes"]
-
-
 def test_group_aggregate_is_policed_to_its_rate(pool):
     """Two cms jobs each offer 30 Mbit/s of UDP to the WAN; the cms meter (20 Mbit/s) lets ~20 through in all."""
     pool.add_job("c1", "ep1", "alice", 10, group="cms")
     pool.add_job("c2", "ep2", "bob", 11, group="cms")
     assert pool.register("c1")[0] == 200 and pool.register("c2")[0] == 200
     seconds = 4
-    before, t0 = _wan_rx_bytes(pool), time.time()
+    before, t0 = wan_rx_bytes(pool), time.time()
     udp_upload(pool, ["c1", "c2"], 30, seconds)
-    got_mbit = (_wan_rx_bytes(pool) - before) * 8 / seconds / 1e6
+    got_mbit = (wan_rx_bytes(pool) - before) * 8 / seconds / 1e6
     # generous band (shared 2-core machine, iperf start-up inside the window); the bench measures accuracy
     assert 10 <= got_mbit <= 26, f"cms aggregate {got_mbit:.1f} Mbit/s through a 20 Mbit/s meter ({time.time()-t0:.1f} s)"
     # control: an unmatched job (unmatched = "pass") offering the same 2 x 30 Mbit/s is not limited, so the band
@@ -122,9 +108,9 @@ def test_group_aggregate_is_policed_to_its_rate(pool):
     pool.add_job("u1", "ep1", "dave", 13)
     pool.add_job("u2", "ep2", "erin", 14)
     assert pool.register("u1")[0] == 200 and pool.register("u2")[0] == 200
-    before = _wan_rx_bytes(pool)
+    before = wan_rx_bytes(pool)
     udp_upload(pool, ["u1", "u2"], 30, seconds)
-    free_mbit = (_wan_rx_bytes(pool) - before) * 8 / seconds / 1e6
+    free_mbit = (wan_rx_bytes(pool) - before) * 8 / seconds / 1e6
     print(f"cms (20 Mbit/s meter): {got_mbit:.1f} Mbit/s; unmetered: {free_mbit:.1f} Mbit/s")
     assert free_mbit > 35, f"unmetered jobs reached only {free_mbit:.1f} Mbit/s: the test cannot tell"
     assert wait_for(lambda: pool.api("GET", "/v1/status", cert="controller")[1]["wan_groups"][0]["bytes"]

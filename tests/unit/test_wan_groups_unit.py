@@ -9,7 +9,7 @@ from lark.controller.flows import T_FORWARD
 from lark.controller.model import JobReg
 from lark.controller.ofapp import SwitchError
 from lark.controller.registry import Registry
-from lark.controller.wan import METER_BASE, MeterCounters, WanPlan, is_lark_meter
+from lark.controller.wan import METER_BASE, LimitCounters, WanPlan, is_lark_meter
 from lark.controller.wan_of import WanMeters
 from lark.errors import LarkError
 
@@ -36,7 +36,7 @@ def test_first_matching_group_wins_and_catch_all_is_other():
     assert plan.group_of(job(group="cms.prod")) == 0
     assert plan.group_of(job(bw=800)) == 1
     assert plan.group_of(job(group="atlas")) == 2
-    assert [g.burst_kbit for g in c.wan_groups] == [62500, 225000, 25000]   # 25% of the rate, in kbit
+    assert [g.burst_kbit("wan0") for g in c.wan_groups] == [62500, 225000, 25000]   # 25% of the rate, in kbit
 
 
 def test_one_metering_flow_per_address_and_none_when_unmatched_passes():
@@ -65,10 +65,10 @@ def test_meter_ids_mark_larks_meters():
 
 
 def test_counters_give_rate_between_polls():
-    c = MeterCounters()
-    c.update(1, METER_BASE, 1000, now=10.0)
-    c.update(1, METER_BASE, 1000 + 12_500_000, now=11.0)
-    st = c.status(WanPlan(cfg().wan_groups), {METER_BASE: 2})
+    c = LimitCounters()
+    c.update(1, (0, 0), 1000, now=10.0)
+    c.update(1, (0, 0), 1000 + 12_500_000, now=11.0)
+    st = c.status(WanPlan(cfg().wan_groups), {(0, 0): 2})
     assert st[0]["rate_now_mbit"] == 100.0 and st[0]["bytes"] == 12_501_000 and st[0]["jobs"] == 2
     assert st[1]["bytes"] == 0
 
@@ -140,8 +140,8 @@ def test_meter_made_once_before_flows_and_released_after_last_job():
     app = FakeApp(c)
     wm, sw = WanMeters(app, app.registry.wan), switch()
     e, _ = app.registry.register(job(1, group="cms"))
-    wm.ensure(sw, WanPlan.meters_in(e.flows))
-    wm.ensure(sw, WanPlan.meters_in(e.flows))
+    wm.ensure(sw, app.registry.wan.limits_in(e.flows))
+    wm.ensure(sw, app.registry.wan.limits_in(e.flows))
     assert app.mods() == [(ofp.OFPMC_ADD, METER_BASE, [(250_000, 62_500)])]
     wm.release(sw)
     assert len(app.mods()) == 1, "released a meter a registered job still needs"
@@ -153,7 +153,7 @@ def test_meter_made_once_before_flows_and_released_after_last_job():
 def test_refused_meter_names_the_group():
     app = FakeApp(cfg(), refuse={METER_BASE + 2})
     with pytest.raises(SwitchError, match=r"0x4c02 \(group other\)"):
-        WanMeters(app, app.registry.wan).ensure(switch(), {METER_BASE + 2})
+        WanMeters(app, app.registry.wan).ensure(switch(), {(2, 0)})
 
 
 def test_switch_up_rerates_drops_orphans_and_leaves_unused_for_reconcile():
@@ -184,3 +184,134 @@ def test_status_prints_each_groups_rate_now_and_bytes(capsys):
     print_status(st)
     line = [x for x in capsys.readouterr().out.splitlines() if x.startswith("cms")][0]
     assert line.split() == ["cms", "0x4c00", "250", "2", "249.50", "123456789"]
+
+
+# -- per WAN port rates, steered jobs, the queue mechanism (pure plans; tc output as iproute2 6.1 prints it) ------
+
+from lark.controller.flows import T_WAN  # noqa: E402
+from lark.controller.wan import PORT_STRIDE, meter_id  # noqa: E402
+from lark.controller.wan_queue import TcFilter, TcState, JobQueue, parse_classes, parse_filters, plan_port  # noqa: E402
+
+PORTS = {"wan_ports": ["wan0", "wan1"], "site_prefixes": ["10.77.0.0/16"]}
+STEER = [{"name": "cms-wan1", "kind": "wan_steer", "select": 'AcctGroup =?= "cms"', "port": "wan1"},
+         {"name": "students", "kind": "wan_drop", "select": 'AcctGroup =?= "students"'}]
+PER_PORT = [{**GROUPS[0], "port_rate": {"wan1": 100}}, GROUPS[2]]
+
+
+def test_port_rate_overrides_the_groups_rate_on_that_port_only():
+    c = ccfg.from_mapping({"switch": PORTS, "wan_group": PER_PORT})
+    cms = c.wan_groups[0]
+    assert (cms.rate_on("wan0"), cms.rate_on("wan1"), cms.rate_kbps("wan1"), cms.burst_kbit("wan1")) == \
+        (250, 100, 100_000, 25_000)
+    assert c.wan_mechanism == "meter" and c.wan_ovsdb == "unix:/var/run/openvswitch/db.sock"
+
+
+def test_shipped_example_has_a_port_rate_and_loads_with_the_queue_mechanism():
+    import tomllib
+    data = tomllib.loads(open("policies/wan_groups.toml").read())
+    assert data["wan_group"][0]["port_rate"] == {"wan1": 100}
+    data["wan"]["mechanism"] = "queue"
+    assert ccfg.from_mapping(data).wan_mechanism == "queue"
+
+
+@pytest.mark.parametrize("groups,switch,wan,words", [
+    ([{**GROUPS[0], "port_rate": {"wan9": 5}}], PORTS, {}, "not WAN ports"),
+    ([{**GROUPS[0], "port_rate": {"wan1": 0}}], PORTS, {}, "port_rate"),
+    ([{**GROUPS[0], "port_rate": 5}], PORTS, {}, "[wan_group.port_rate]"),
+    (GROUPS, PORTS, {"mechanism": "police"}, 'mechanism = \'police\''),
+    (GROUPS, PORTS, {"mechanism": "queue", "ovsdb": "/run/db.sock"}, "not an OVSDB remote"),
+    (GROUPS, {"site_prefixes": ["10.77.0.0/16"]}, {"mechanism": "queue"}, "needs the WAN ports"),
+    (GROUPS, {**PORTS, "wan_ports": [f"w{i}" for i in range(5)]}, {}, "at most 4 wan_ports"),
+    (GROUPS, PORTS, {"queues": 3}, "unknown key wan.queues"),
+])
+def test_bad_mechanism_and_port_config_is_refused_clearly(groups, switch, wan, words):
+    with pytest.raises(LarkError) as e:
+        ccfg.from_mapping({"switch": switch, "wan_group": groups, "wan": wan})
+    assert words in str(e.value)
+
+
+def reg(c, group, n=1):
+    return Registry(c).register(job(n, group=group))[0]
+
+
+def test_steered_job_is_limited_on_its_port_in_table_2_and_a_dropped_one_gets_no_limit():
+    c = ccfg.from_mapping({"switch": PORTS, "wan_group": PER_PORT, "policy": STEER})
+    e = reg(c, "cms")
+    limit = [f for f in e.flows if f.action[0].startswith("meter")]
+    assert [(f.table, f.priority, f.action) for f in limit] == [(T_WAN, 250, ("meter_output", meter_id(0, 1),
+                                                                              "wan1"))]
+    assert meter_id(0, 1) == METER_BASE + PORT_STRIDE
+    assert c.wan_groups and Registry(c).wan.limits_in(e.flows) == {(0, 1)}
+    assert not [f for f in reg(c, "students").flows if f.action[0].startswith("meter")], "a wan_drop job got a meter"
+    other = [f for f in reg(c, "atlas").flows if f.action[0].startswith("meter")]
+    assert [(f.table, f.action) for f in other] == [(T_FORWARD, ("meter_normal", meter_id(1)))]
+    dropping = ccfg.from_mapping({"switch": PORTS, "wan_group": PER_PORT[:1], "policy": STEER,
+                                  "wan": {"unmatched": "drop"}})
+    e = Registry(dropping).register(job(2, group="atlas"))[0]
+    assert [f.action for f in e.flows if f.table == T_FORWARD and f.priority == 150] == [("drop",)]
+
+
+def test_queue_mechanism_sends_set_queue_on_the_jobs_port():
+    c = ccfg.from_mapping({"switch": PORTS, "wan_group": PER_PORT, "policy": STEER, "wan": {"mechanism": "queue"}})
+    r = Registry(c)
+    cms = r.register(job(1, group="cms", addrs=["10.77.1.1", "fd77::1"]))[0]
+    assert {f.action for f in cms.flows if f.action[0].startswith("queue")} == {("queue_output", 1, "wan1")}
+    other = r.register(job(2, group="atlas"))[0]
+    assert [f.action for f in other.flows if f.action[0].startswith("queue")] == [("queue_normal", 2)]
+    assert r.wan.limits_in(cms.flows + other.flows) == {(0, 1), (1, 0)}
+    assert r.wan.describe((0, 1)) == "queue 1 (group cms on wan1)"
+    assert sorted(filter(None, map(r.wan.sources, cms.flows))) == ["10.77.1.1", "fd77::1"]
+
+
+CLASSES = """class htb 1:1 parent 1:fffe prio 0 rate 12Kbit ceil 10Gbit burst 1563b cburst 1250b
+class htb 1:fffe root rate 10Gbit ceil 10Gbit burst 1250b cburst 1250b
+class htb 1:2 parent 1:fffe prio 0 rate 20Mbit ceil 20Mbit burst 25000b cburst 1562b
+class htb 1:f001 parent 1:2 prio 0 rate 8Kbit ceil 20Mbit burst 1600b cburst 25000b
+"""
+FILTERS = ('[{"protocol":"ip","pref":19456,"kind":"u32","chain":0},{"protocol":"ip","pref":19456,"kind":"u32",'
+           '"chain":0,"options":{"fh":"800:","ht_divisor":1}},{"protocol":"ip","pref":19456,"kind":"u32","chain":0,'
+           '"options":{"fh":"800::800","order":2048,"key_ht":"800","bkt":"0","flowid":"1:f001","not_in_hw":true,'
+           '"match":{"value":"a4d0101","mask":"ffffffff","offmask":"","off":12}}},{"protocol":"ipv6","pref":19457,'
+           '"kind":"u32","chain":0,"options":{"fh":"801::800","order":2048,"key_ht":"801","bkt":"0","flowid":'
+           '"1:f001","not_in_hw":true,"match":{"value":"fd770000","mask":"ffffffff","offmask":"","off":8},"match":'
+           '{"value":"0","mask":"ffffffff","offmask":"","off":12},"match":{"value":"0","mask":"ffffffff","offmask":'
+           '"","off":16},"match":{"value":"1","mask":"ffffffff","offmask":"","off":20}}},{"protocol":"ip","pref":7,'
+           '"kind":"u32","chain":0,"options":{"fh":"802::800","flowid":"1:1","match":{"value":"a4d0109","mask":'
+           '"ffffffff","offmask":"","off":12}}}]')
+
+
+def test_tc_output_is_read_back_into_larks_classes_and_filters():
+    assert parse_classes(CLASSES) == {0xF001: 2}
+    assert parse_filters(FILTERS) == [TcFilter(0x4C00, "ip", "800::800", 0xF001, "10.77.1.1"),
+                                      TcFilter(0x4C01, "ipv6", "801::800", 0xF001, "fd77::1")]   # not the site's
+
+
+def test_queue_plan_makes_a_class_and_filter_per_job_and_removes_only_what_it_owns():
+    state = TcState(parse_classes(CLASSES), parse_filters(FILTERS))
+    c1 = JobQueue(2, frozenset({"10.77.1.1", "fd77::1"}), 20)
+    c2 = JobQueue(2, frozenset({"10.77.1.2"}), 20)
+    owned: set[int] = set()
+    # after a restart: c1's class is adopted (its filters carry exactly its addresses), c2 gets a new one
+    cmds, leaves = plan_port("wan0", {11: c1, 12: c2}, state, {}, owned)
+    assert leaves == {11: 0xF001, 12: 0xF002} and owned == {0xF001, 0xF002}
+    assert cmds == [
+        ["class", "add", "dev", "wan0", "parent", "1:2", "classid", "1:f002", "htb", "rate", "8kbit", "ceil", "20mbit",
+         "cburst", "25000b", "quantum", "1514"],
+        ["filter", "add", "dev", "wan0", "parent", "1:", "protocol", "ip", "prio", "19456", "u32", "match", "ip",
+         "src", "10.77.1.2/32", "flowid", "1:f002"]]
+    # nothing registered yet (controller just restarted): a class nobody claimed stays until reconciliation
+    assert plan_port("wan0", {}, state, {}, set()) == ([], {})
+    cmds, _ = plan_port("wan0", {}, state, {}, set(), everything=True)
+    assert [c[:2] for c in cmds] == [["filter", "del"], ["filter", "del"], ["class", "del"]]
+    assert cmds[-1] == ["class", "del", "dev", "wan0", "classid", "1:f001"]
+    # c1 left while this process ran: its filters and class go at once
+    owned = {0xF001}
+    cmds, leaves = plan_port("wan0", {}, state, {11: 0xF001}, owned)
+    assert [c[:2] for c in cmds] == [["filter", "del"], ["filter", "del"], ["class", "del"]] and owned == set()
+    # a new job took c1's address before reconciliation: the stale filter goes, the address points to the new job
+    c3 = JobQueue(3, frozenset({"10.77.1.1"}), 8)
+    cmds, leaves = plan_port("wan0", {13: c3}, state, {}, set())
+    assert leaves == {13: 0xF002}
+    assert ["filter", "del", "dev", "wan0", "parent", "1:", "protocol", "ip", "prio", "19456", "handle", "800::800",
+            "u32"] in cmds
+    assert cmds[-1][-3:] == ["10.77.1.1/32", "flowid", "1:f002"]

@@ -24,9 +24,10 @@ MAX_OFPORT = 0xFF00       # OpenFlow's last physical port number
 
 
 class Ovsdb:
-    def __init__(self, remote: str, timeout: float = TIMEOUT_S):
+    def __init__(self, remote: str, timeout: float = TIMEOUT_S, tables: tuple[str, ...] = TABLES):
         self.remote = remote
         self.timeout = timeout
+        self.tables = tables                  # replicated in memory (the controller's queues add QoS and Queue)
         self._api = None
         self._lock = threading.Lock()        # the connection, made once
         self._ofport_lock = threading.Lock()  # two setups never pick the same number
@@ -50,13 +51,13 @@ class Ovsdb:
             from ovsdbapp.backend.ovs_idl import connection
             from ovsdbapp.schema.open_vswitch import impl_idl
         try:
-            idl = connection.OvsdbIdl.from_server(self.remote, "Open_vSwitch", helper_tables=TABLES)
+            idl = connection.OvsdbIdl.from_server(self.remote, "Open_vSwitch", helper_tables=self.tables)
             conn = connection.Connection(idl=idl, timeout=self.timeout)
             return impl_idl.OvsdbIdl(conn)
         except Exception as e:  # ovsdbapp raises bare Exception when the server cannot be reached
             raise LarkError(f"cannot reach OVSDB: {e}", obj=f"ovs_db {self.remote}",
-                            fix="start ovsdb-server and ovs-vswitchd (systemctl start openvswitch-switch), or set "
-                            "LARK_OVS_DB to its socket") from None
+                            fix="start ovsdb-server and ovs-vswitchd (systemctl start openvswitch-switch), or point "
+                            "the setting that names this socket (LARK_OVS_DB, the controller's [wan] ovsdb) at it") from None
 
     def run(self, what: str, *commands, wait: bool = True):
         """Run commands in one transaction; the last command's result. `wait`: until ovs-vswitchd has applied it

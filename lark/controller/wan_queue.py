@@ -1,0 +1,413 @@
+"""WAN group limits by queues (`[wan] mechanism = "queue"`, issue 12): shaping instead of policing.
+
+Per (group, WAN port) one queue, id = group index + 1 (lark.controller.wan.queue_id), at the group's rate on that
+port. The per-job flows send the job's WAN traffic to it with OpenFlow `set_queue` (honoured by the kernel datapath
+and hardware switches). On an Open vSwitch whose OVSDB the controller reaches (`[wan] ovsdb`):
+- a linux-htb QoS row per WAN port and one Queue row per group there (other_config max-rate = min-rate = the rate),
+  made when the group's first job on that port registers and removed after its last leaves; Lark's rows carry
+  external_ids lark-owner=controller (and lark-group, lark-port); the controller never touches other rows, and
+  refuses a WAN port whose QoS someone else made. At (re)connect it re-rates its queues to the config and removes
+  those of groups no longer configured; unused ones go at reconciliation (after reconcile_grace), as meters do.
+- OVS makes the htb: class 1:(queue id + 1) per queue under root class 1:fffe.
+- userspace (netdev) datapath: it ignores set_queue (ARCHITECTURE.md), so the controller classifies in the kernel
+  itself: per job a leaf htb class 1:f001..1:fffd under its group's class (OVS ignores classes above 0xf000) and
+  one u32 filter per job address at the root qdisc, `src ADDR -> the job's class`. The job classes share the group's
+  rate round robin (same quantum), so the jobs of a group get equal shares (this kernel has neither sfq nor
+  fq_codel). This needs the WAN port's device in the controller's network namespace: run the controller on the
+  switch host. Filters are Lark's by their priority (PREF_V4, PREF_V6); tc runs as one `tc -batch` per change,
+  read back with `tc -json` (pyroute2 0.9.7 decodes u32 selectors wrongly: keys come back shifted).
+Without an OVSDB (`ovsdb = ""`), the site made the queues itself (hardware, vendor tooling): Lark only sends
+set_queue with the ids above and counts queue stats.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import re
+import subprocess
+import threading
+from dataclasses import dataclass, field
+
+from ..errors import LarkError
+from .wan import LimitCounters, WanPlan, queue_id
+from .wan_of import limits_needed
+
+log = logging.getLogger("lark.controller.wan")
+
+OWNER = {"lark-owner": "controller"}
+PREF_V4, PREF_V6 = 0x4C00, 0x4C01        # tc filter priorities Lark owns on its QoS's root qdisc
+LEAF_FIRST, LEAF_LAST = 0xF001, 0xFFFD    # job classes: minors OVS does not read as queues (it reads <= 0xf000)
+ROOT = "1:"                               # the handle OVS gives its linux-htb root qdisc
+LEAF_RATE = "8kbit"                       # a job class's own rate: everything above is borrowed from the group's
+QUANTUM = "1514"                          # equal for every job class: equal shares of the group's rate
+BURST_S = 0.01                            # bursts of 10 ms at the class's rate
+
+
+def burst_bytes(bps: float) -> int:
+    """htb burst of a group's class and cburst of its job classes: BURST_S of the rate. OVS's default (one MTU)
+    and tc's (rate / HZ + MTU) held 1242-byte UDP packets to 0.88 of a 50 Mbit/s rate here."""
+    return max(3000, round(bps * BURST_S / 8))
+
+
+def group_class(g: int) -> int:
+    """Minor of the htb class OVS makes for the group's queue."""
+    return queue_id(g) + 1
+
+
+@dataclass(frozen=True)
+class TcFilter:
+    pref: int
+    protocol: str
+    handle: str
+    classid: int            # minor under 1:
+    address: str
+
+
+@dataclass
+class TcState:
+    """Lark's part of the tc state on one WAN port: its job classes (minor -> parent minor) and its filters."""
+    classes: dict[int, int] = field(default_factory=dict)
+    filters: list[TcFilter] = field(default_factory=list)
+
+
+def _minor(handle: str) -> int:
+    return int(handle.split(":")[1] or "0", 16)
+
+
+def parse_classes(text: str) -> dict[int, int]:
+    """`tc class show` (iproute2 6.1 prints htb classes only as text) -> job classes (minor in the Lark range) and
+    their parents' minors."""
+    out = {}
+    for m in re.finditer(r"^class htb 1:([0-9a-f]+) parent 1:([0-9a-f]+)", text, re.M):
+        minor = int(m.group(1), 16)
+        if LEAF_FIRST <= minor <= LEAF_LAST:
+            out[minor] = int(m.group(2), 16)
+    return out
+
+
+def parse_filters(text: str) -> list[TcFilter]:
+    """`tc -json filter show` -> Lark's u32 filters (its priorities): one source address each. iproute2 prints one
+    "match" key per 32-bit key (repeated keys in one object), hence the pairs hook."""
+    out = []
+    for f in json.loads(text or "[]", object_pairs_hook=lambda pairs: pairs):
+        f = dict(f)
+        opts = f.get("options")
+        if f.get("kind") != "u32" or f.get("pref") not in (PREF_V4, PREF_V6) or not opts:
+            continue
+        opts_d = dict(opts)
+        if "flowid" not in opts_d:
+            continue
+        keys = {dict(v)["off"]: int(dict(v)["value"], 16) for k, v in opts if k == "match"}
+        if f["pref"] == PREF_V4 and set(keys) == {12}:
+            addr = str(ipaddress.IPv4Address(keys[12]))
+        elif f["pref"] == PREF_V6 and set(keys) == {8, 12, 16, 20}:
+            addr = str(ipaddress.IPv6Address(b"".join(keys[o].to_bytes(4, "big") for o in (8, 12, 16, 20))))
+        else:
+            continue
+        out.append(TcFilter(f["pref"], f["protocol"], opts_d["fh"], _minor(opts_d["flowid"]), addr))
+    return out
+
+
+@dataclass(frozen=True)
+class JobQueue:
+    """A registered job whose WAN traffic goes to a queue on this port: its group's class and its addresses."""
+    group_class: int
+    addresses: frozenset[str]
+    ceil_mbit: float
+
+
+def plan_port(dev: str, jobs: dict[int, JobQueue], state: TcState, leaves: dict[int, int], owned: set[int],
+              everything: bool = False) -> tuple[list[list[str]], dict[int, int]]:
+    """The tc commands that make `dev`'s job classes and filters match the registered jobs (cookie -> JobQueue),
+    and the new cookie -> class minor map. `leaves`: this process's map; `owned`: classes this process made or
+    adopted (updated in place). Classes and filters of jobs it does not know (found at a restart) are removed only
+    with `everything` (reconciliation, once every larkd has resynced), unless a registered job took the address."""
+    by_class: dict[int, set[str]] = {}
+    for f in state.filters:
+        by_class.setdefault(f.classid, set()).add(f.address)
+    new: dict[int, int] = {}
+    taken = set()
+    for cookie, jq in jobs.items():
+        minor = leaves.get(cookie)
+        if minor is None or state.classes.get(minor) != jq.group_class:
+            # after a restart: adopt the class whose filters carry exactly this job's addresses
+            minor = next((m for m, parent in state.classes.items() if parent == jq.group_class and m not in taken
+                          and by_class.get(m) == set(jq.addresses)), None)
+        if minor is not None:
+            new[cookie] = minor
+            taken.add(minor)
+    free = (m for m in range(LEAF_FIRST, LEAF_LAST + 1) if m not in state.classes and m not in taken)
+    adds, f_del, f_add, c_del = [], [], [], []
+    for cookie, jq in jobs.items():
+        if cookie not in new:
+            try:
+                new[cookie] = minor = next(free)
+            except StopIteration:
+                raise LarkError(f"no free tc class for another job ({LEAF_LAST - LEAF_FIRST + 1} in use)",
+                                obj=f"WAN port {dev}", fix="fewer jobs with WAN limits on this port") from None
+            adds.append(["class", "add", "dev", dev, "parent", f"1:{jq.group_class:x}", "classid", f"1:{minor:x}",
+                         "htb", "rate", LEAF_RATE, "ceil", f"{jq.ceil_mbit:g}mbit", "cburst",
+                         f"{burst_bytes(jq.ceil_mbit * 1e6)}b", "quantum", QUANTUM])
+    owned.update(new.values())
+    want = {a: new[c] for c, jq in jobs.items() for a in jq.addresses}
+    keep = set(new.values())
+    gone = {m for m in state.classes if m not in keep and (everything or m in owned)}
+    have = set()
+    for f in state.filters:
+        if want.get(f.address) == f.classid and (f.address, f.classid) not in have:
+            have.add((f.address, f.classid))
+        elif f.address in want or f.classid in gone or everything or f.classid not in state.classes:
+            f_del.append(["filter", "del", "dev", dev, "parent", ROOT, "protocol", f.protocol, "prio", str(f.pref),
+                          "handle", f.handle, "u32"])
+    for addr, minor in sorted(want.items()):
+        if (addr, minor) not in have:
+            v6 = ipaddress.ip_address(addr).version == 6
+            f_add.append(["filter", "add", "dev", dev, "parent", ROOT, "protocol", "ipv6" if v6 else "ip", "prio",
+                          str(PREF_V6 if v6 else PREF_V4), "u32", "match", "ip6" if v6 else "ip", "src",
+                          f"{addr}/{128 if v6 else 32}", "flowid", f"1:{minor:x}"])
+    for m in sorted(gone):
+        c_del.append(["class", "del", "dev", dev, "classid", f"1:{m:x}"])
+        owned.discard(m)
+    return adds + f_del + f_add + c_del, new
+
+
+def tc_batch(commands: list[list[str]], what: str) -> None:
+    """All commands in one `tc -batch` (argv lists, no shell); an error names the object and the failing line."""
+    if not commands:
+        return
+    cp = subprocess.run(["tc", "-batch", "-"], input="".join(" ".join(c) + "\n" for c in commands),
+                        capture_output=True, text=True, timeout=30)
+    if cp.returncode:
+        raise LarkError(f"tc refused a change: {cp.stderr.strip()[-400:]}", obj=what,
+                        fix="see `tc class show dev PORT` and `tc filter show dev PORT`; the controller retries at "
+                            "the next change and at reconciliation")
+
+
+def tc_read(dev: str) -> TcState:
+    def show(kind: str) -> str:
+        cp = subprocess.run(["tc", *(["-json"] if kind == "filter" else []), kind, "show", "dev", dev],
+                            capture_output=True, text=True, timeout=30)
+        if cp.returncode:
+            raise LarkError(f"tc cannot read its {kind}es: {cp.stderr.strip()}", obj=f"WAN port {dev}",
+                            fix="run the controller on the switch host, in the WAN ports' network namespace")
+        return cp.stdout
+    return TcState(parse_classes(show("class")), parse_filters(show("filter")))
+
+
+class WanQueues:
+    """The queue mechanism's hooks for ofapp.LarkSwitchApp (the same as WanMeters'). Queues live in the switch's
+    OVSDB, not per OpenFlow connection: every connected switch gets the same set_queue flows."""
+
+    def __init__(self, app, plan: WanPlan):
+        self.app = app
+        self.plan = plan
+        self.counters = LimitCounters()
+        self.db = None
+        if app.cfg.wan_ovsdb:
+            from ..kernel.attach.ovsdb import Ovsdb
+            self.db = Ovsdb(app.cfg.wan_ovsdb, tables=("Open_vSwitch", "Bridge", "Port", "QoS", "Queue"))
+        self.used: set[tuple[int, int]] = set()      # limits this process made or used for a registered job
+        self.leaves: dict[int, dict[int, int]] = {}  # port index -> job cookie -> its tc class minor
+        self.owned: dict[int, set[int]] = {}         # port index -> tc classes this process made or adopted
+        self._lock = threading.RLock()
+
+    # -- OVSDB ---------------------------------------------------------------------------------------------
+    def _port_row(self, p: int):
+        name = self.plan.port_name(p)
+        row = next((r for r in self.db.rows("Port") if r.name == name), None)
+        if row is None:
+            raise LarkError("the switch's OVSDB has no such port", obj=f"WAN port {name}",
+                            fix=f"add it to the core bridge, or fix wan_ports / [wan] ovsdb ({self.db.remote})")
+        return row
+
+    def _lark_qos(self, p: int):
+        """The port's QoS row if Lark made it, None if it has none; a LarkError if someone else's is there."""
+        row = self._port_row(p)
+        qos = row.qos[0] if row.qos else None
+        if qos is not None and qos.external_ids.get("lark-owner") != "controller":
+            raise LarkError(f"has QoS {qos.uuid} ({qos.type}) that Lark did not make", obj=f"WAN port {row.name}",
+                            fix="remove it (ovs-vsctl clear port PORT qos) so Lark can make its queues, or make "
+                                'the queues yourself and set [wan] ovsdb = ""')
+        return qos
+
+    def _queue_cfg(self, g: int, p: int) -> dict:
+        bps = round(self.plan.rate_mbit((g, p)) * 1e6)
+        return {"max-rate": str(bps), "min-rate": str(bps), "burst": str(burst_bytes(bps) * 8)}
+
+    def lark_queues(self) -> dict[tuple[int, int], object]:
+        """Lark's Queue rows in Lark's QoS rows on the WAN ports: (group, port) -> row; rows whose group is not
+        configured (any more, or at another position) under the key (-1, port) list."""
+        out: dict = {}
+        for p in range(len(self.plan.wan_ports)):
+            qos = self._lark_qos(p)
+            for key, q in (qos.queues.items() if qos is not None else ()):
+                g = key - 1
+                ok = 0 <= g < len(self.plan.groups) and q.external_ids.get("lark-group") == self.plan.groups[g].name
+                if ok:
+                    out[(g, p)] = q
+                else:
+                    out.setdefault((-1, p), []).append((key, q))
+        return out
+
+    def _datapath(self, p: int) -> str:
+        name = self.plan.port_name(p)
+        for br in self.db.rows("Bridge"):
+            if any(port.name == name for port in br.ports):
+                return br.datapath_type or "system"
+        return "system"
+
+    def _make(self, limits: list[tuple[int, int]]) -> None:
+        """One transaction: Lark's QoS on each port that lacks it, a Queue per limit; waits for ovs-vswitchd."""
+        api = self.db.api
+        cmds = []
+        for p in sorted({p for _, p in limits}):
+            port = self.plan.port_name(p)
+            qos = self._lark_qos(p)
+            new = {queue_id(g): api.db_create("Queue", other_config=self._queue_cfg(g, p), external_ids={
+                **OWNER, "lark-group": self.plan.groups[g].name, "lark-port": port}) for g, pp in limits if pp == p}
+            cmds += list(new.values())
+            if qos is None:
+                qos_cmd = api.db_create("QoS", type="linux-htb", queues=new,
+                                        external_ids={**OWNER, "lark-port": port})
+                cmds += [qos_cmd, api.db_set("Port", port, ("qos", qos_cmd))]
+            else:
+                cmds.append(api.db_add("QoS", qos.uuid, "queues", new))
+        self.db.run("Lark's WAN queues " + ", ".join(self.plan.describe(lim) for lim in limits), *cmds)
+
+    def _remove(self, limits: list[tuple[int, int]], strays: list[tuple[int, int, object]] = ()) -> None:
+        """One transaction: the queues of `limits` (and stray Lark queues: (key, port, row)), and a QoS left
+        without queues (the port then has no qdisc of Lark's)."""
+        api = self.db.api
+        have = self.lark_queues()
+        gone: dict[int, list[tuple[int, object]]] = {}
+        for g, p in limits:
+            if (g, p) in have:
+                gone.setdefault(p, []).append((queue_id(g), have[(g, p)]))
+        for key, p, row in strays:
+            gone.setdefault(p, []).append((key, row))
+        cmds = []
+        for p, items in gone.items():
+            qos = self._lark_qos(p)
+            if qos is None:
+                continue
+            if len(qos.queues) <= len(items):
+                cmds += [api.db_clear("Port", self.plan.port_name(p), "qos"), api.db_destroy("QoS", qos.uuid)]
+            else:
+                cmds.append(api.db_remove("QoS", qos.uuid, "queues", *[k for k, _ in items]))
+            cmds += [api.db_destroy("Queue", row.uuid) for _, row in items]
+        if cmds:
+            self.db.run("removing Lark's WAN queues " + ", ".join(self.plan.describe(lim) for lim in limits), *cmds)
+
+    # -- tc (userspace datapath) ---------------------------------------------------------------------------
+    def _tc_ports(self) -> list[int]:
+        """WAN ports on a userspace (netdev) datapath that have Lark's QoS: the controller classifies there."""
+        if self.db is None:
+            return []
+        ports = [p for p in range(len(self.plan.wan_ports)) if self._datapath(p) == "netdev"]
+        for p in ports:
+            if not os.path.exists(f"/sys/class/net/{self.plan.port_name(p)}"):
+                raise LarkError("is on a userspace datapath, which ignores set_queue, and its device is not in the "
+                                "controller's network namespace, so the controller cannot classify by tc",
+                                obj=f"WAN port {self.plan.port_name(p)}",
+                                fix='run lark-controller on the switch host, or use [wan] mechanism = "meter"')
+        return ports
+
+    def classify(self, everything: bool = False) -> None:
+        """Per WAN port on a userspace datapath: a tc class per registered job under its group's class and a
+        filter per job address, and none for jobs that left (for unknown ones only with `everything`)."""
+        with self._lock:
+            for p in self._tc_ports():
+                dev = self.plan.port_name(p)
+                jobs = {}
+                for e in self.app.registry.entries():
+                    addrs, group = set(), -1
+                    for f in e.flows:
+                        for g, pp in self.plan.limits_in([f]):
+                            if pp == p:
+                                addrs.add(WanPlan.sources(f))
+                                group = g
+                    if addrs:
+                        jobs[e.cookie] = JobQueue(group_class(group), frozenset(addrs),
+                                                  self.plan.rate_mbit((group, p)))
+                state = tc_read(dev)
+                owned = self.owned.setdefault(p, set())
+                cmds, self.leaves[p] = plan_port(dev, jobs, state, self.leaves.get(p, {}), owned, everything)
+                if cmds:
+                    tc_batch(cmds, f"WAN port {dev}")
+                    log.info("WAN port %s: tc classification now %d jobs (%d commands)", dev, len(jobs), len(cmds))
+
+    # -- life cycle (the hooks WanMeters has) --------------------------------------------------------------
+    def ensure(self, sw, limits: set[tuple[int, int]]) -> None:
+        """Make the queues the next flows name (once for all switches: they are the OVSDB's)."""
+        with self._lock:
+            self.used.update(limits)
+            if self.db is None:
+                return
+            missing = sorted(set(limits) - set(self.lark_queues()))
+            if missing:
+                self._make(missing)
+                log.info("created WAN queues %s", ", ".join(self.plan.describe(m) for m in missing))
+
+    def release(self, sw, everything: bool = False) -> None:
+        """Remove the queues no registered job needs (a group's last job on the port left); everything=True also
+        those found at start (reconciliation). Their job classes go first (OVS cannot delete a class with
+        children)."""
+        with self._lock:
+            if self.db is None:
+                return
+            needed = set(limits_needed(self.app))
+            have = {k for k in self.lark_queues() if k[0] >= 0}
+            unused = sorted((have if everything else have & self.used) - needed)
+            self.used.difference_update(unused)
+            if unused:
+                self.classify(everything)
+                self._remove(unused)
+                for lim in unused:
+                    self.counters.forget(None, lim)
+                log.info("deleted WAN queues %s (no job of the group left there)",
+                         ", ".join(self.plan.describe(m) for m in unused))
+
+    def switch_up(self, sw) -> None:
+        """A (re)connected switch: Lark's queues re-rated to the config, those of groups no longer configured
+        removed, missing ones for registered jobs made. Unused ones wait for reconcile()."""
+        with self._lock:
+            if self.db is None:
+                return
+            have = self.lark_queues()
+            strays = [(key, p, row) for (g, p), items in have.items() if g < 0 for key, row in items]
+            if strays:
+                self.classify(everything=True)
+                self._remove([], strays)
+                log.info("removed %d WAN queues of groups no longer configured", len(strays))
+            api = self.db.api
+            rerate = [(lim, row) for lim, row in have.items() if lim[0] >= 0
+                      and dict(row.other_config) != self._queue_cfg(*lim)]
+            if rerate:
+                self.db.run("re-rating Lark's WAN queues", *[api.db_set("Queue", row.uuid, (
+                    "other_config", self._queue_cfg(*lim))) for lim, row in rerate])
+                log.info("re-rated WAN queues %s to the config", ", ".join(self.plan.describe(m) for m, _ in rerate))
+        self.ensure(sw, set(limits_needed(self.app)))
+        self.classify()
+
+    def reconcile(self, sw) -> None:
+        self.ensure(sw, set(limits_needed(self.app)))
+        self.classify(everything=True)
+        self.release(sw, everything=True)
+
+    def poll(self, sw) -> None:
+        """Queue stats (tx bytes per port and queue) over OpenFlow: on OVS they are the htb classes' counters."""
+        dp = sw.dp
+        p, o = dp.ofproto_parser, dp.ofproto
+        names = {no: name for name, no in sw.ports.items()}
+        req = p.OFPQueueStatsRequest(dp, 0, o.OFPP_ANY, o.OFPQ_ALL)
+        for reply in self.app._request(dp, req, max(self.app.cfg.barrier_timeout, 5.0)):
+            for q in reply.body:
+                name = names.get(q.port_no)
+                g = q.queue_id - 1
+                if name in self.plan.wan_ports and 0 <= g < len(self.plan.groups):
+                    self.counters.update(dp.id, (g, self.plan.wan_ports.index(name)), q.tx_bytes)
+
+    def status(self) -> list[dict]:
+        return self.counters.status(self.plan, limits_needed(self.app))
