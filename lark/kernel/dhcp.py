@@ -57,10 +57,6 @@ class Lease:
     obtained: float          # wall clock, so a cached lease means the same after a larkd restart
     owner: str = ""          # the job owner it was leased for: its client identifier, and who may reuse it
 
-    @property
-    def expires(self) -> float:
-        return self.obtained + self.lease_time
-
     def renew_due(self, now: float | None = None) -> bool:
         return (now or time.time()) >= self.obtained + self.t1
 

@@ -85,7 +85,7 @@ def job_ruleset(nameservers: list[str], service: str) -> str:
 """
 
 
-def steer_job(ns_fd: int, netns_path: str, job_if: str, job_idx: int, nameservers: list[str], service: str,
+def steer_job(ns_fd: int, job_if: str, job_idx: int, nameservers: list[str], service: str,
               via: str | None, job: str) -> None:
     """Make the job's queries to loopback nameservers reach the host's forwarder (inside the job's netns).
 
@@ -98,11 +98,9 @@ def steer_job(ns_fd: int, netns_path: str, job_if: str, job_idx: int, nameserver
     # the guard chain keeps the job's loopback closed to its link.
     netns.write_sysctl_in(ns_fd, f"net.ipv4.conf.{job_if}.route_localnet", "1")
     rules = job_ruleset(nameservers, service)
-    got = libnft.run_in_netns(ns_fd, rules)
-    if got is None:
-        run_tool(["nsenter", f"--net={netns_path}", "nft", "-f", "-"], input=rules, what=f"DNS steering of job {job}")
-    elif got[0] != 0:
-        raise LarkError(f"nft failed: {got[2].strip()[:300]}", job=job, obj="DNS steering in the job's netns")
+    rc, _, err = libnft.run_in_netns(ns_fd, rules)
+    if rc != 0:
+        raise LarkError(f"nft failed: {err.strip()[:300]}", job=job, obj="DNS steering in the job's netns")
     route_to_forwarder(ns_fd, job_idx, service, via)
 
 
@@ -268,7 +266,7 @@ def setup_job(fwd: Forwarder, ipr: IPRoute, network_type: str, ipv4: str | None,
                         "for %s", job, device, ", ".join(servers))
             return []
     if servers:
-        steer_job(ns_fd, netns_path, job_if, job_idx, servers, fwd.cfg.dns_address, via, job)
+        steer_job(ns_fd, job_if, job_idx, servers, fwd.cfg.dns_address, via, job)
     else:
         route_to_forwarder(ns_fd, job_idx, fwd.cfg.dns_address, via)
     if servers6:
