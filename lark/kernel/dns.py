@@ -34,12 +34,12 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from ..config import Config
 from ..errors import LarkError
+from ..names import DNS_DEVICE
 from . import dns6, netns
 from .firewall import libnft
 from .firewall.base import run_tool
 
 log = logging.getLogger(__name__)
-DEVICE = "lkdns0"
 RTNH_F_ONLINK = 4
 
 
@@ -159,19 +159,19 @@ class Forwarder:
                 self._start()
 
     def _ensure_device(self, ipr: IPRoute) -> None:
-        idx = ipr.link_lookup(ifname=DEVICE)
+        idx = ipr.link_lookup(ifname=DNS_DEVICE)
         if not idx:
             # dummy is the natural home of a service address; kernels built without it have ifb, which is
             # just as inert when nothing redirects traffic to it.
             for kind in ("dummy", "ifb"):
                 try:
-                    ipr.link("add", ifname=DEVICE, kind=kind)
+                    ipr.link("add", ifname=DNS_DEVICE, kind=kind)
                     break
                 except NetlinkError as e:
-                    log.debug("cannot create %s device %s: %s", kind, DEVICE, e)
-            idx = ipr.link_lookup(ifname=DEVICE)
+                    log.debug("cannot create %s device %s: %s", kind, DNS_DEVICE, e)
+            idx = ipr.link_lookup(ifname=DNS_DEVICE)
             if not idx:
-                raise LarkError("cannot create the DNS forwarder's device (no dummy or ifb support)", obj=DEVICE,
+                raise LarkError("cannot create the DNS forwarder's device (no dummy or ifb support)", obj=DNS_DEVICE,
                                 fix="load the dummy module, or set dns_forward = false and give the host a "
                                     "resolver jobs can reach")
         have = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=idx[0], family=2)}
@@ -184,7 +184,7 @@ class Forwarder:
         # resolver (the one it forwards to) may be listening.
         return ["dnsmasq", "--conf-file=/dev/null", f"--pid-file={self.pid_file}",
                 f"--listen-address={self.cfg.dns_address}", "--bind-interfaces",
-                f"--no-dhcp-interface={DEVICE}", f"--resolv-file={self.cfg.resolv_conf}", "--no-hosts"]
+                f"--no-dhcp-interface={DNS_DEVICE}", f"--resolv-file={self.cfg.resolv_conf}", "--no-hosts"]
 
     def _start(self) -> None:
         os.makedirs(self.cfg.run_dir, exist_ok=True)
@@ -218,7 +218,7 @@ class Forwarder:
             pass
         own = ipr or IPRoute()
         try:
-            idx = own.link_lookup(ifname=DEVICE)
+            idx = own.link_lookup(ifname=DNS_DEVICE)
             if idx:
                 own.link("del", index=idx[0])
                 done = True
