@@ -117,6 +117,14 @@ def cmd_detect_bandwidth(args) -> int:
     return 0
 
 
+def cmd_network_types(args) -> int:
+    """What the starter wrapper advertises as LarkNetworkTypes: it runs this, as it runs the real starter, so
+    the job's side (lark/job/) imports neither the configuration nor the kernel code."""
+    from .kernel.attach import available_types
+    print(",".join(available_types(load(args.config, warn=False))))
+    return 0
+
+
 def cmd_doctor(args) -> int:
     from . import doctor
     cfg = load(args.config)
@@ -175,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("detect-bandwidth", help="print DetectedBandwidth = <Mbit/s> of the uplink")
     p.add_argument("--interface", help="default: uplink from the config")
     p.set_defaults(func=cmd_detect_bandwidth)
+    p = sub.add_parser("network-types", help="print the network types this machine's configuration offers")
+    p.set_defaults(func=cmd_network_types)
     p = sub.add_parser("doctor", help="kernel and tool features Lark needs or can use")
     p.set_defaults(func=cmd_doctor)
     from .report.command import add_parser as add_report_parser
@@ -189,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(func=cmd_config_knobs)
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="lark: %(levelname)s %(message)s")
-    if args.socket is None and args.cmd not in ("policy", "config", "report"):
+    if args.socket is None and args.cmd not in ("policy", "config", "report", "network-types"):
         try:  # larkd's socket as its configuration says (LARK_SOCKET, or the --config file)
             args.socket = load(args.config, warn=False).socket
         except LarkError as e:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .config import Config
+from .names import HOST_IF_PREFIX
 
 Runner = Callable[[list[str]], tuple[int, str]]
 NO_JOB_NETWORKING_SINCE = (24, 7, 3)   # the starter knob Lark's starter wrapper relies on
@@ -86,15 +87,16 @@ def firewalls(run: Runner, cfg: Config) -> list[Finding]:
             out.append(Finding("firewall", f"nftables chain {where} (forward, policy drop)", False,
                                "Lark's own table accepts and counts jobs' traffic, but this chain drops it too "
                                "(bridged jobs as well when br_netfilter is loaded)",
-                               f"nft insert rule {where} iifname \"lk-*\" accept; "
-                               f"nft insert rule {where} oifname \"lk-*\" accept  (Lark filters them itself)"))
+                               f"nft insert rule {where} iifname \"{HOST_IF_PREFIX}*\" accept; "
+                               f"nft insert rule {where} oifname \"{HOST_IF_PREFIX}*\" accept  "
+                               "(Lark filters them itself)"))
     rc, text = run(["iptables-legacy-save", "-t", "filter"])
     if rc == 0 and text.strip():
         drop = re.search(r"^:FORWARD DROP", text, re.M)
         rules = [line for line in text.splitlines() if line.startswith("-A ")]
         if drop or rules:
-            fix = ("iptables-legacy -I FORWARD -i lk-+ -j ACCEPT && iptables-legacy -I FORWARD -o lk-+ -j ACCEPT"
-                   if drop else "")
+            fix = (f"iptables-legacy -I FORWARD -i {HOST_IF_PREFIX}+ -j ACCEPT && "
+                   f"iptables-legacy -I FORWARD -o {HOST_IF_PREFIX}+ -j ACCEPT" if drop else "")
             action = ("legacy iptables rules run alongside nftables; Lark's nftables table does not see them" +
                       ("; their FORWARD policy DROP drops jobs' traffic" if drop else ", nothing drops jobs"))
             out.append(Finding("firewall", f"iptables-legacy ({len(rules)} rules"

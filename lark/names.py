@@ -1,4 +1,5 @@
-"""Kernel object names derived from a slot name: one place, so setup, teardown and gc always agree."""
+"""Kernel object names: the fixed ones and those derived from a slot name, in one place, so setup, teardown, gc
+and the host checks always agree."""
 from __future__ import annotations
 
 import hashlib
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from .errors import LarkError
 
 HOST_IF_PREFIX = "lk-"               # host end of every job's veth; gc finds jobs' links by it
+DNS_DEVICE = "lkdns0"                # the DNS forwarder's device, holding dns_address (kernel/dns.py)
 NFT_JOB_PREFIX = "j_"                # nftables per-job chains, map elements and named counters
 DEFAULT_NETNS_PREFIX = "lark-"       # /run/netns/<prefix><key> (config: netns_prefix)
 SLOT_RE = re.compile(r"^[A-Za-z0-9_.@-]{1,128}$")

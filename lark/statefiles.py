@@ -3,13 +3,16 @@
 Records, pins, finished-job accounting, the address pools' hint and the DHCP lease cache all use `atomic_write`
 (a temp name, then a rename over the real one); `remove_stale_temps` clears the temp files of writers that died
 between the write and the rename; `read_own` and `private_dir` refuse files and directories larkd's user does
-not own.
+not own. `LiveFiles` is the shape records and pins share: one JSON file per key, served from memory.
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import stat
 import threading
+from dataclasses import asdict
 
 from .errors import LarkError
 
@@ -71,3 +74,36 @@ def remove_stale_temps(directory: str) -> list[str]:
         except FileNotFoundError:
             pass
     return removed
+
+
+class LiveFiles:
+    """One JSON file per key (a dataclass each) in a private directory, each read from disk once and then shared
+    from memory: larkd is the only writer, so memory and disk cannot disagree. How a file is read (and what an
+    unreadable one means) is the subclass's; writes and removals are here, under one lock held from serialising
+    to the rename, so an older snapshot never lands after a newer one."""
+
+    def __init__(self, directory: str):
+        self.dir = private_dir(directory)
+        self._live: dict = {}
+        self._lock = threading.Lock()
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.dir, f"{key}.json")
+
+    def _store(self, key: str, obj) -> None:
+        with self._lock:
+            self._live[key] = obj  # replaces the object of the key's previous job, if any
+            atomic_write(self.path(key), json.dumps(asdict(obj), sort_keys=True))
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._live.pop(key, None)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path(key))
+
+    def keys(self) -> list[str]:
+        try:
+            names = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        return sorted(n[:-5] for n in names if n.endswith(".json"))

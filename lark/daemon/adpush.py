@@ -19,9 +19,35 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from ..job.update_hook import job_attributes
-
 log = logging.getLogger(__name__)
+
+
+def job_attributes(stats: dict) -> dict[str, str]:
+    """ClassAd attribute name -> ClassAd literal, from larkd's stats answer (what the job's ad gets)."""
+    usage = stats.get("usage") or stats.get("finished") or {}
+    # An ended job's plan is gone with its record; its final summary keeps what the ad shows (a job shorter
+    # than the first push would otherwise end without its type, address and the limit it ran under).
+    plan = stats.get("plan") or {k: v for k, v in (stats.get("finished") or {}).items()
+                                  if k in ("network_type", "ipv4", "rate_limit_mbit")}
+    attrs: dict[str, str] = {}
+    if plan:
+        attrs["LarkNetworkType"] = f'"{plan.get("network_type", "")}"'
+        if plan.get("ipv4"):
+            attrs["LarkIPv4Address"] = f'"{plan["ipv4"]}"'
+        if plan.get("ipv6"):
+            attrs["LarkIPv6Address"] = f'"{plan["ipv6"]}"'
+        if plan.get("inbound_port"):
+            attrs["LarkInboundPort"] = str(int(plan["inbound_port"]))
+        if plan.get("rate_limit_mbit"):
+            attrs["LarkBandwidthLimit"] = f"{float(plan['rate_limit_mbit']):g}"
+    if usage:
+        for attr, key in (("NetworkIncomingBytes", "bytes_in"), ("NetworkOutgoingBytes", "bytes_out"),
+                          ("NetworkIncomingPackets", "packets_in"), ("NetworkOutgoingPackets", "packets_out")):
+            attrs[attr] = str(int(usage.get(key, 0)))
+        for attr, key in (("NetworkIncomingAvgRate", "avg_in_bps"), ("NetworkOutgoingAvgRate", "avg_out_bps"),
+                          ("NetworkIncomingPeakRate", "peak_in_bps"), ("NetworkOutgoingPeakRate", "peak_out_bps")):
+            attrs[attr] = f"{float(usage.get(key, 0.0)):.1f}"
+    return attrs
 
 
 def schedd_of(global_job_id: str) -> str:

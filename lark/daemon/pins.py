@@ -10,16 +10,13 @@ Pins live next to the records (run_dir): they describe processes, which do not s
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from ..errors import LarkError
-from ..statefiles import atomic_write, private_dir, read_own
+from ..statefiles import LiveFiles, read_own
 
 log = logging.getLogger(__name__)
 
@@ -64,18 +61,10 @@ def merge_usage(before: dict | None, now: dict | None) -> dict | None:
     return out
 
 
-class PinStore:
+class PinStore(LiveFiles):
     """Pins on disk (they survive a larkd restart), each read from disk once and then served from memory: the
     poller asks for every running job's pin each pass, and reading 128 files a second cost more than the
-    counter dump itself. larkd is the only writer, so memory and disk cannot disagree."""
-
-    def __init__(self, directory: str):
-        self.dir = private_dir(directory)
-        self._live: dict[str, Pin] = {}
-        self._lock = threading.Lock()
-
-    def path(self, key: str) -> str:
-        return os.path.join(self.dir, f"{key}.json")
+    counter dump itself."""
 
     def load(self, key: str) -> Pin | None:
         with self._lock:
@@ -94,24 +83,18 @@ class PinStore:
             return self._live.setdefault(key, pin)
 
     def save(self, pin: Pin) -> None:
-        with self._lock:  # held to the rename, so an older snapshot never lands after a newer one
-            self._live[pin.key] = pin
-            atomic_write(self.path(pin.key), json.dumps(asdict(pin), sort_keys=True))
+        self._store(pin.key, pin)
 
     def drop(self, key: str) -> None:
-        with self._lock:
-            self._live.pop(key, None)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path(key))
+        self._forget(key)
 
     def all(self) -> list[Pin]:
         out = []
-        for name in sorted(os.listdir(self.dir)):
-            if name.endswith(".json"):
-                try:
-                    pin = self.load(name[:-5])
-                except LarkError:
-                    continue
-                if pin:
-                    out.append(pin)
+        for key in self.keys():
+            try:
+                pin = self.load(key)
+            except LarkError:
+                continue
+            if pin:
+                out.append(pin)
         return out

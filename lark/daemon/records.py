@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
-from ..statefiles import atomic_write, private_dir, read_own
+from ..statefiles import LiveFiles, atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,7 @@ class JobRecord:
 _RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 
 
-class RecordStore:
+class RecordStore(LiveFiles):
     """The records of one larkd, each read from disk once and then shared.
 
     Every thread that changes a job's record changes the same live object, so a save can never put back what
@@ -46,19 +45,8 @@ class RecordStore:
     setup marks it ready wrote two copies before, and the later save lost the other's change.
     """
 
-    def __init__(self, directory: str):
-        self.dir = private_dir(directory)
-        self._live: dict[str, JobRecord] = {}
-        # Held from serialising to the rename: an older snapshot of a record never lands after a newer one.
-        self._lock = threading.Lock()
-
-    def path(self, key: str) -> str:
-        return os.path.join(self.dir, f"{key}.json")
-
     def save(self, rec: JobRecord) -> None:
-        with self._lock:
-            self._live[rec.key] = rec  # a new job's record replaces the one of the job before it
-            atomic_write(self.path(rec.key), json.dumps(asdict(rec), sort_keys=True))
+        self._store(rec.key, rec)  # a new job's record replaces the one of the job before it
 
     def load(self, key: str) -> JobRecord | None:
         with self._lock:
@@ -82,19 +70,7 @@ class RecordStore:
             return None
 
     def delete(self, key: str) -> None:
-        with self._lock:
-            self._live.pop(key, None)
-            try:
-                os.unlink(self.path(key))
-            except FileNotFoundError:
-                pass
-
-    def keys(self) -> list[str]:
-        try:
-            names = os.listdir(self.dir)
-        except FileNotFoundError:
-            return []
-        return sorted(n[:-5] for n in names if n.endswith(".json"))
+        self._forget(key)
 
     def all(self) -> list[JobRecord]:
         return [r for r in (self.load(k) for k in self.keys()) if r is not None]

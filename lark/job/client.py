@@ -24,15 +24,23 @@ def socket_path(explicit: str | None = None) -> str:
         return explicit
     if os.environ.get("LARK_SOCKET"):
         return os.environ["LARK_SOCKET"]
-    if not os.environ.get("LARK_CONFIG") and not os.path.exists(CONFIG_FILE):
-        return DEFAULT_SOCKET  # no file can move it: skip importing the configuration code (tens of ms)
+    # Not HTCondor's configuration: importing its bindings would cost every job start ~0.1 s. A socket moved
+    # with LARK_SOCKET reaches the job's side through $LARK_SOCKET (docs/admin.md).
+    path = os.environ.get("LARK_CONFIG") or CONFIG_FILE
+    if not os.path.exists(path):
+        return DEFAULT_SOCKET  # no file can move it: skip importing a TOML parser (tens of ms)
+    # The deprecated TOML file (lark.config reads it for larkd): tables of keys, `socket` in [daemon]. Read with
+    # the standard library's parser, so the job's side never imports the configuration code.
+    import tomllib
     try:
-        from ..config import load
-        # Not HTCondor's configuration: importing its bindings would cost every job start ~0.1 s. A socket
-        # moved with LARK_SOCKET reaches the job's side through $LARK_SOCKET (docs/admin.md).
-        return load(condor=False, warn=False).socket
-    except LarkError:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (OSError, ValueError):
         return DEFAULT_SOCKET
+    for table in data.values():
+        if isinstance(table, dict) and isinstance(table.get("socket"), str):
+            return table["socket"]
+    return DEFAULT_SOCKET
 
 
 def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -> dict:

@@ -29,13 +29,18 @@ def real_starter() -> str:
 
 
 def network_types() -> list[str]:
-    # The startd runs `-classad` rarely; a config error must not take HasJobNetworking away with it.
+    """The types larkd's configuration offers, from `lark network-types` in this interpreter: the configuration
+    and kernel code stay on larkd's side of the boundary (lark/job/ imports only protocol and errors). The
+    startd runs `-classad` rarely; a config error must not take HasJobNetworking away with it."""
+    # The same lark package as this one (-I: not one in the startd's working directory or $PYTHONPATH).
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = f"import sys; sys.path.insert(0, {root!r}); from lark.cli import main; sys.exit(main(['network-types']))"
     try:
-        from ..kernel.attach import available_types
-        from ..config import load
-        return available_types(load(warn=False))
-    except Exception:
-        return ["nat", "none"]
+        cp = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+        types = cp.stdout.strip().split(",") if cp.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        types = []
+    return types if types and all(types) else ["nat", "none"]
 
 
 def main(argv: list[str] | None = None) -> int:

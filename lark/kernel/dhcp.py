@@ -9,7 +9,9 @@ RFC 2131 defaults). Everything else is dropped with a log line, and the client k
 One UDP socket bound to port 68 on the job's device does the whole exchange: with the broadcast flag set the
 server answers by broadcast, which reaches the socket although the device has no address yet. Renewals and
 releases are unicast from the leased address. The lease is plain data (`Lease`), kept in the job's record and
-in a per-slot cache so the slot's next job reuses it without a new DISCOVER.
+in a per-slot cache so the slot's next job reuses it without a new DISCOVER. Packets are encoded and decoded by
+pyroute2's DHCPv4 codec (`dhcp4msg`); its client is not used because it runs a whole interface state machine of
+its own, while larkd needs one exchange at a time in another namespace, with the lease cached per slot.
 """
 from __future__ import annotations
 
@@ -20,19 +22,21 @@ import logging
 import os
 import secrets
 import socket
-import struct
 import time
 from dataclasses import asdict, dataclass
+
+from pyroute2.dhcp.dhcp4msg import dhcp4msg
+from pyroute2.dhcp.enums.dhcp import MessageType
 
 from ..errors import LarkError
 from ..statefiles import atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
 MAGIC = b"\x63\x82\x53\x63"
+BOOTP_SIZE = 236  # the fixed BOOTP header; the options cookie (MAGIC) follows
 DISCOVER, OFFER, REQUEST, DECLINE, ACK, NAK, RELEASE = 1, 2, 3, 4, 5, 6, 7
-OPT_MASK, OPT_ROUTER, OPT_DNS, OPT_REQ_IP, OPT_LEASE, OPT_TYPE, OPT_SERVER = 1, 3, 6, 50, 51, 53, 54
-OPT_PARAMS, OPT_T1, OPT_T2, OPT_CLIENT_ID, OPT_END = 55, 58, 59, 61, 255
-BOOTP = struct.Struct("!BBBBIHH4s4s4s4s16s64s128s")
+# Asked of the server: mask, router, DNS, lease time, server id, T1, T2.
+PARAMS = [1, 3, 6, 51, 54, 58, 59]
 MIN_LEASE_S = 60                 # shorter: larkd would renew in a loop (or hold an address the server reuses)
 MAX_LEASE_S = 30 * 24 * 3600     # longer (or "infinite"): cut, so the lease is still renewed
 
@@ -53,10 +57,6 @@ class Lease:
     obtained: float          # wall clock, so a cached lease means the same after a larkd restart
     owner: str = ""          # the job owner it was leased for: its client identifier, and who may reuse it
 
-    @property
-    def expires(self) -> float:
-        return self.obtained + self.lease_time
-
     def renew_due(self, now: float | None = None) -> bool:
         return (now or time.time()) >= self.obtained + self.t1
 
@@ -72,13 +72,6 @@ class Lease:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-def _options(items: list[tuple[int, bytes]]) -> bytes:
-    out = b""
-    for code, value in items:
-        out += bytes([code, len(value)]) + value
-    return out + bytes([OPT_END])
-
-
 def client_id(mac: str, owner: str = "") -> bytes:
     """Option 61. Per owner: a slot's MAC stays the same from job to job, so without this the server would
     hand the next owner the previous owner's address (and whatever the site tied to it)."""
@@ -90,56 +83,48 @@ def client_id(mac: str, owner: str = "") -> bytes:
 
 def build(msg_type: int, xid: int, mac: str, *, ciaddr: str = "0.0.0.0", requested: str | None = None,
           server: str | None = None, broadcast: bool = True, owner: str = "") -> bytes:
-    hw = bytes.fromhex(mac.replace(":", ""))
-    head = BOOTP.pack(1, 1, 6, 0, xid, 0, 0x8000 if broadcast else 0, socket.inet_aton(ciaddr), bytes(4), bytes(4),
-                      bytes(4), hw.ljust(16, b"\0"), bytes(64), bytes(128))
-    opts = [(OPT_TYPE, bytes([msg_type])), (OPT_CLIENT_ID, client_id(mac, owner))]
+    """A client message, encoded by pyroute2's DHCPv4 codec."""
+    cid = client_id(mac, owner)
+    # pyroute2 takes a type-1 (hardware) identifier as the MAC string, any other type as raw bytes.
+    options: dict = {"message_type": MessageType(msg_type),
+                     "client_id": {"type": cid[0], "key": mac if cid[0] == 1 else cid[1:]}}
     if requested:
-        opts.append((OPT_REQ_IP, socket.inet_aton(requested)))
+        options["requested_ip"] = requested
     if server:
-        opts.append((OPT_SERVER, socket.inet_aton(server)))
+        options["server_id"] = server
     if msg_type in (DISCOVER, REQUEST):
-        opts.append((OPT_PARAMS, bytes([OPT_MASK, OPT_ROUTER, OPT_DNS, OPT_LEASE, OPT_SERVER, OPT_T1, OPT_T2])))
-    return head + MAGIC + _options(opts)
+        options["parameter_list"] = PARAMS
+    return dhcp4msg({"op": 1, "xid": xid, "flags": 0x8000 if broadcast else 0, "ciaddr": ciaddr, "chaddr": mac,
+                     "options": options}).encode().buf
 
 
-def parse(data: bytes, mac: str | None = None) -> tuple[int, str, dict[int, bytes]] | None:
-    """(xid, yiaddr, options) of a server reply, or None for anything that is not one (or, with `mac`, is
-    addressed to another client's hardware address)."""
-    if len(data) < BOOTP.size + 4 or data[0] != 2 or data[BOOTP.size:BOOTP.size + 4] != MAGIC:
+def parse(data: bytes, mac: str | None = None) -> tuple[int, str, dict] | None:
+    """(xid, yiaddr, options by pyroute2's names) of a server reply, or None for anything that is not one (or,
+    with `mac`, is addressed to another client's hardware address)."""
+    if len(data) < BOOTP_SIZE + 4 or data[0] != 2 or data[BOOTP_SIZE:BOOTP_SIZE + 4] != MAGIC:
         return None
-    if mac is not None:
-        hw = bytes.fromhex(mac.replace(":", ""))
-        if data[1] != 1 or data[2] != len(hw) or data[28:28 + len(hw)] != hw:
-            return None
-    fields = BOOTP.unpack_from(data)
-    opts: dict[int, bytes] = {}
-    i = BOOTP.size + 4
-    while i < len(data):
-        code = data[i]
-        if code == OPT_END:
-            break
-        if code == 0:
-            i += 1
-            continue
-        if i + 1 >= len(data):
-            return None
-        n = data[i + 1]
-        opts[code] = data[i + 2:i + 2 + n]
-        i += 2 + n
-    return fields[4], socket.inet_ntoa(fields[8]), opts
+    try:
+        msg = dhcp4msg(buf=data).decode()
+    except Exception as e:  # whatever a hostile or broken server sends, it must not take larkd down
+        log.debug("undecodable DHCP reply ignored: %s", e)
+        return None
+    options = msg.get("options") or {}
+    # The codec stops at the first option it cannot decode (wrong length, cut off) and keeps the ones before:
+    # such a reply is dropped whole, so no lease is made from what is left of it.
+    if (msg.offset < len(data) and data[msg.offset] != 255) or "message_type" not in options:
+        return None
+    if mac is not None and (msg["htype"] != 1 or msg["hlen"] != 6 or msg["chaddr"] != mac.lower()):
+        return None
+    return msg["xid"], msg["yiaddr"], options
 
 
-def lease_from(yiaddr: str, opts: dict[int, bytes], now: float) -> Lease:
-    def ip(code: int) -> str | None:
-        v = opts.get(code)
-        return socket.inet_ntoa(v[:4]) if v and len(v) >= 4 else None
+def lease_from(yiaddr: str, opts: dict, now: float) -> Lease:
+    def seconds(name: str, default: int) -> int:
+        # RFC 2132 times are unsigned 32-bit (0xffffffff: infinite); pyroute2 decodes them as signed.
+        v = opts.get(name)
+        return v & 0xFFFFFFFF if isinstance(v, int) else default
 
-    def u32(code: int, default: int) -> int:
-        v = opts.get(code)
-        return struct.unpack("!I", v[:4])[0] if v and len(v) >= 4 else default
-
-    mask = ip(OPT_MASK) or "255.255.255.0"
+    mask = opts.get("subnet_mask") or "255.255.255.0"
     try:
         prefix = ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen
         addr = ipaddress.IPv4Address(yiaddr)
@@ -149,17 +134,18 @@ def lease_from(yiaddr: str, opts: dict[int, bytes], now: float) -> Lease:
         raise BadAnswer(f"netmask {mask} (/{prefix}) leaves no room for a host and a router")
     if addr.is_unspecified or addr.is_multicast or addr.is_loopback or addr.is_reserved or addr.is_link_local:
         raise BadAnswer(f"{yiaddr} is not an address a host may use")
-    lease_time = u32(OPT_LEASE, 3600)
+    lease_time = seconds("lease_time", 3600)
     if lease_time < MIN_LEASE_S:
         raise BadAnswer(f"lease time {lease_time} s is below the minimum {MIN_LEASE_S} s")
     if lease_time > MAX_LEASE_S:
         log.warning("DHCP lease time %d s cut to %d s", lease_time, MAX_LEASE_S)
         lease_time = MAX_LEASE_S
-    t1, t2 = u32(OPT_T1, lease_time // 2), u32(OPT_T2, lease_time * 7 // 8)
+    t1, t2 = seconds("renewal_time", lease_time // 2), seconds("rebinding_time", lease_time * 7 // 8)
     if not 0 < t1 <= t2 <= lease_time:
         t1, t2 = lease_time // 2, lease_time * 7 // 8  # RFC 2131 4.4.5 defaults instead of the server's
-    return Lease(address=yiaddr, prefix=prefix, router=ip(OPT_ROUTER), server=ip(OPT_SERVER) or "",
-                 lease_time=lease_time, t1=t1, t2=t2, obtained=now)
+    routers = opts.get("router") or []
+    return Lease(address=yiaddr, prefix=prefix, router=routers[0] if routers else None,
+                 server=opts.get("server_id") or "", lease_time=lease_time, t1=t1, t2=t2, obtained=now)
 
 
 class Client:
@@ -198,13 +184,13 @@ class Client:
                 except socket.timeout:
                     break
                 got = parse(data, self.mac)
-                if not got or got[0] != xid or OPT_TYPE not in got[2] or len(got[2][OPT_TYPE]) != 1:
+                if not got or got[0] != xid:
                     continue
-                mtype = got[2][OPT_TYPE][0]
-                sid = got[2].get(OPT_SERVER, b"")
-                if len(sid) != 4 or (server is not None and socket.inet_ntoa(sid) != server):
+                mtype = int(got[2]["message_type"])
+                sid = got[2].get("server_id")
+                if not sid or (server is not None and sid != server):
                     log.warning("job %s: ignored a DHCP reply (type %d) from server %s, not %s", self.job, mtype,
-                                socket.inet_ntoa(sid) if len(sid) == 4 else "(no server id)", server or "any")
+                                sid or "(no server id)", server or "any")
                     continue
                 if mtype == NAK:
                     raise LarkError("the DHCP server refused the request (NAK)", job=self.job, obj=self.ifname,
@@ -241,7 +227,7 @@ class Client:
         with self._socket() as s:
             offered, opts, _ = self._until_valid(s, build(DISCOVER, xid, self.mac, owner=self.owner),
                                                  "255.255.255.255", xid, {OFFER}, None, None)
-            server = socket.inet_ntoa(opts[OPT_SERVER][:4])
+            server = opts["server_id"]
             _, _, lease = self._until_valid(s, build(REQUEST, xid, self.mac, requested=offered, server=server,
                                                      owner=self.owner), "255.255.255.255", xid, {ACK}, server,
                                             offered)

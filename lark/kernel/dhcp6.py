@@ -125,16 +125,9 @@ def running_pid(cfg: Config, key: str) -> int | None:
 def stop(cfg: Config, key: str) -> bool:
     """Stop the job's dhcpcd (it then removes its address) and remove its directory; safe to repeat.
     True when a client was running."""
-    pid = running_pid(cfg, key)
-    if pid is not None:
-        jobproc.stop(pid, f"dhcpcd of {key}")
-    shutil.rmtree(job_dir(cfg, key), ignore_errors=True)
-    return pid is not None
+    return jobproc.stop_and_remove(running_pid(cfg, key), job_dir(cfg, key), f"dhcpcd of {key}")
 
 
 def job_keys(cfg: Config) -> set[str]:
     """Keys with a DHCPv6 client directory (for gc)."""
-    try:
-        return set(os.listdir(os.path.join(cfg.run_dir, "dhcp6")))
-    except OSError:
-        return set()
+    return set(jobproc.directories(os.path.join(cfg.run_dir, "dhcp6")))

@@ -34,12 +34,12 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from ..config import Config
 from ..errors import LarkError
+from ..names import DNS_DEVICE
 from . import dns6, netns
 from .firewall import libnft
 from .firewall.base import run_tool
 
 log = logging.getLogger(__name__)
-DEVICE = "lkdns0"
 RTNH_F_ONLINK = 4
 
 
@@ -85,7 +85,7 @@ def job_ruleset(nameservers: list[str], service: str) -> str:
 """
 
 
-def steer_job(ns_fd: int, netns_path: str, job_if: str, job_idx: int, nameservers: list[str], service: str,
+def steer_job(ns_fd: int, job_if: str, job_idx: int, nameservers: list[str], service: str,
               via: str | None, job: str) -> None:
     """Make the job's queries to loopback nameservers reach the host's forwarder (inside the job's netns).
 
@@ -98,11 +98,9 @@ def steer_job(ns_fd: int, netns_path: str, job_if: str, job_idx: int, nameserver
     # the guard chain keeps the job's loopback closed to its link.
     netns.write_sysctl_in(ns_fd, f"net.ipv4.conf.{job_if}.route_localnet", "1")
     rules = job_ruleset(nameservers, service)
-    got = libnft.run_in_netns(ns_fd, rules)
-    if got is None:
-        run_tool(["nsenter", f"--net={netns_path}", "nft", "-f", "-"], input=rules, what=f"DNS steering of job {job}")
-    elif got[0] != 0:
-        raise LarkError(f"nft failed: {got[2].strip()[:300]}", job=job, obj="DNS steering in the job's netns")
+    rc, _, err = libnft.run_in_netns(ns_fd, rules)
+    if rc != 0:
+        raise LarkError(f"nft failed: {err.strip()[:300]}", job=job, obj="DNS steering in the job's netns")
     route_to_forwarder(ns_fd, job_idx, service, via)
 
 
@@ -161,19 +159,19 @@ class Forwarder:
                 self._start()
 
     def _ensure_device(self, ipr: IPRoute) -> None:
-        idx = ipr.link_lookup(ifname=DEVICE)
+        idx = ipr.link_lookup(ifname=DNS_DEVICE)
         if not idx:
             # dummy is the natural home of a service address; kernels built without it have ifb, which is
             # just as inert when nothing redirects traffic to it.
             for kind in ("dummy", "ifb"):
                 try:
-                    ipr.link("add", ifname=DEVICE, kind=kind)
+                    ipr.link("add", ifname=DNS_DEVICE, kind=kind)
                     break
                 except NetlinkError as e:
-                    log.debug("cannot create %s device %s: %s", kind, DEVICE, e)
-            idx = ipr.link_lookup(ifname=DEVICE)
+                    log.debug("cannot create %s device %s: %s", kind, DNS_DEVICE, e)
+            idx = ipr.link_lookup(ifname=DNS_DEVICE)
             if not idx:
-                raise LarkError("cannot create the DNS forwarder's device (no dummy or ifb support)", obj=DEVICE,
+                raise LarkError("cannot create the DNS forwarder's device (no dummy or ifb support)", obj=DNS_DEVICE,
                                 fix="load the dummy module, or set dns_forward = false and give the host a "
                                     "resolver jobs can reach")
         have = {a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=idx[0], family=2)}
@@ -186,7 +184,7 @@ class Forwarder:
         # resolver (the one it forwards to) may be listening.
         return ["dnsmasq", "--conf-file=/dev/null", f"--pid-file={self.pid_file}",
                 f"--listen-address={self.cfg.dns_address}", "--bind-interfaces",
-                f"--no-dhcp-interface={DEVICE}", f"--resolv-file={self.cfg.resolv_conf}", "--no-hosts"]
+                f"--no-dhcp-interface={DNS_DEVICE}", f"--resolv-file={self.cfg.resolv_conf}", "--no-hosts"]
 
     def _start(self) -> None:
         os.makedirs(self.cfg.run_dir, exist_ok=True)
@@ -220,7 +218,7 @@ class Forwarder:
             pass
         own = ipr or IPRoute()
         try:
-            idx = own.link_lookup(ifname=DEVICE)
+            idx = own.link_lookup(ifname=DNS_DEVICE)
             if idx:
                 own.link("del", index=idx[0])
                 done = True
@@ -268,7 +266,7 @@ def setup_job(fwd: Forwarder, ipr: IPRoute, network_type: str, ipv4: str | None,
                         "for %s", job, device, ", ".join(servers))
             return []
     if servers:
-        steer_job(ns_fd, netns_path, job_if, job_idx, servers, fwd.cfg.dns_address, via, job)
+        steer_job(ns_fd, job_if, job_idx, servers, fwd.cfg.dns_address, via, job)
     else:
         route_to_forwarder(ns_fd, job_idx, fwd.cfg.dns_address, via)
     if servers6:

@@ -68,17 +68,11 @@ def running_pid(cfg: Config, netns_path: str) -> int | None:
 
 def stop_relay(cfg: Config, netns_path: str) -> bool:
     """Stop the job's relay and remove its directory; safe to repeat. True when one was running."""
-    pid = running_pid(cfg, netns_path)
-    if pid is not None:
-        jobproc.stop(pid, f"DNS relay of {os.path.basename(netns_path)}")
-    shutil.rmtree(relay_dir(cfg, netns_path), ignore_errors=True)
-    return pid is not None
+    return jobproc.stop_and_remove(running_pid(cfg, netns_path), relay_dir(cfg, netns_path),
+                                   f"DNS relay of {os.path.basename(netns_path)}")
 
 
 def job_keys(cfg: Config) -> set[str]:
     """Keys of jobs with a relay directory (for gc); the directories are named after the job's netns."""
-    try:
-        names = os.listdir(os.path.join(cfg.run_dir, "dns6"))
-    except OSError:
-        return set()
+    names = jobproc.directories(os.path.join(cfg.run_dir, "dns6"))
     return {n[len(cfg.netns_prefix):] for n in names if n.startswith(cfg.netns_prefix)}

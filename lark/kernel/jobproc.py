@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import time
 
@@ -37,6 +38,23 @@ def find(directory: str, pid_files: list[str], comm: str) -> int | None:
         except (OSError, ValueError):
             continue
     return None
+
+
+def stop_and_remove(pid: int | None, directory: str, what: str) -> bool:
+    """Stop the daemon found in `directory` (pid None: none runs) and remove the directory; safe to repeat.
+    True when one was running."""
+    if pid is not None:
+        stop(pid, what)
+    shutil.rmtree(directory, ignore_errors=True)
+    return pid is not None
+
+
+def directories(parent: str) -> list[str]:
+    """The per-job directories under `parent` (for gc); none when it does not exist yet."""
+    try:
+        return os.listdir(parent)
+    except OSError:
+        return []
 
 
 def stop(pid: int, what: str, grace: float = 3.0) -> None:

@@ -85,20 +85,3 @@ def change(ipr: IPRoute, host_index: int, nipr: IPRoute, job_index: int, limit: 
         raise LarkError(f"cannot change the limit to {limit.mbit:g} Mbit/s: {e}", job=job, obj="tc htb class 1:1",
                         fix="the job's devices may be going away; `lark status` shows whether it still runs") \
             from None
-
-
-def read_rate(ipr: IPRoute, index: int) -> int | None:
-    """The rate (bit/s) of the job's HTB class on a device, or None when it has none."""
-    for msg in ipr.get_classes(index=index):
-        if msg.get("handle") != CLASS_HANDLE:
-            continue
-        opts = msg.get_attr("TCA_OPTIONS")
-        if opts is None:
-            continue
-        rate64 = opts.get_attr("TCA_HTB_RATE64")
-        if rate64:
-            return int(rate64) * 8
-        parms = opts.get_attr("TCA_HTB_PARMS")
-        if parms:
-            return int(parms["rate"]) * 8
-    return None

@@ -18,6 +18,21 @@ from lark.kernel import netns, shaping
 MB = 1_000_000
 
 
+def htb_rate(ipr, index: int) -> int | None:
+    """The rate (bit/s) of the job's HTB class on a device, read back from the kernel; None when it has none."""
+    for msg in ipr.get_classes(index=index):
+        opts = msg.get_attr("TCA_OPTIONS")
+        if msg.get("handle") != shaping.CLASS_HANDLE or opts is None:
+            continue
+        rate64 = opts.get_attr("TCA_HTB_RATE64")
+        if rate64:
+            return int(rate64) * 8
+        parms = opts.get_attr("TCA_HTB_PARMS")
+        if parms:
+            return int(parms["rate"]) * 8
+    return None
+
+
 def job_rates_mbit(host, job: dict) -> tuple[float | None, float | None]:
     """The job's HTB rate on the host side and inside its netns (Mbit/s), read back from the kernel."""
     out = []
@@ -25,7 +40,7 @@ def job_rates_mbit(host, job: dict) -> tuple[float | None, float | None]:
         fd = os.open(path, os.O_RDONLY)
         try:
             with netns.netlink_in(fd) as ipr:
-                rate = shaping.read_rate(ipr, ipr.link_lookup(ifname=dev)[0])
+                rate = htb_rate(ipr, ipr.link_lookup(ifname=dev)[0])
         finally:
             os.close(fd)
         out.append(rate / 1e6 if rate else None)

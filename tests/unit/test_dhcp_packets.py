@@ -1,4 +1,6 @@
-"""DHCP packets: what the client sends, and that no reply bytes can crash larkd."""
+"""DHCP packets: what the client sends, and that no reply bytes can crash larkd.
+
+Packets are built and read here with struct, independently of the codec under test (pyroute2's)."""
 import socket
 import struct
 
@@ -8,27 +10,63 @@ from hypothesis import given, strategies as st
 from lark.errors import LarkError
 from lark.kernel import dhcp
 
+BOOTP = struct.Struct("!BBBBIHH4s4s4s4s16s64s128s")
+OPT_MASK, OPT_ROUTER, OPT_REQ_IP, OPT_LEASE, OPT_TYPE, OPT_SERVER = 1, 3, 50, 51, 53, 54
+OPT_PARAMS, OPT_T1, OPT_T2, OPT_CLIENT_ID = 55, 58, 59, 61
+
+
+def _options(items):
+    return b"".join(bytes([code, len(value)]) + value for code, value in items) + b"\xff"
+
 
 def reply(msg_type, xid=7, yiaddr="198.51.100.160", opts=None):
-    head = dhcp.BOOTP.pack(2, 1, 6, 0, xid, 0, 0, bytes(4), socket.inet_aton(yiaddr), bytes(4), bytes(4),
-                           bytes(16), bytes(64), bytes(128))
-    items = [(dhcp.OPT_TYPE, bytes([msg_type]))] + (opts or [])
-    return head + dhcp.MAGIC + dhcp._options(items)
+    head = BOOTP.pack(2, 1, 6, 0, xid, 0, 0, bytes(4), socket.inet_aton(yiaddr), bytes(4), bytes(4),
+                      bytes(16), bytes(64), bytes(128))
+    return head + dhcp.MAGIC + _options([(OPT_TYPE, bytes([msg_type]))] + (opts or []))
+
+
+def request(msg_type, xid, mac, ciaddr="0.0.0.0", broadcast=True, cid=None, opts=()):
+    """What the client must send, byte for byte (option order as RFC 2131 examples and Lark always had it)."""
+    hw = bytes.fromhex(mac.replace(":", ""))
+    head = BOOTP.pack(1, 1, 6, 0, xid, 0, 0x8000 if broadcast else 0, socket.inet_aton(ciaddr), bytes(4),
+                      bytes(4), bytes(4), hw.ljust(16, b"\0"), bytes(64), bytes(128))
+    return head + dhcp.MAGIC + _options([(OPT_TYPE, bytes([msg_type])), (OPT_CLIENT_ID, cid or b"\x01" + hw),
+                                         *opts])
+
+
+PARAMS = (OPT_PARAMS, bytes([1, 3, 6, 51, 54, 58, 59]))
 
 
 def test_discover_has_broadcast_flag_client_id_and_params():
     pkt = dhcp.build(dhcp.DISCOVER, 0x1234, "02:aa:bb:cc:dd:ee")
-    f = dhcp.BOOTP.unpack_from(pkt)
+    f = BOOTP.unpack_from(pkt)
     assert f[0] == 1 and f[4] == 0x1234 and f[6] == 0x8000
     assert f[11][:6] == bytes.fromhex("02aabbccddee")
-    assert pkt[dhcp.BOOTP.size:dhcp.BOOTP.size + 4] == dhcp.MAGIC
-    assert bytes([dhcp.OPT_CLIENT_ID, 7, 1]) + bytes.fromhex("02aabbccddee") in pkt
+    assert pkt[BOOTP.size:BOOTP.size + 4] == dhcp.MAGIC
+    assert bytes([OPT_CLIENT_ID, 7, 1]) + bytes.fromhex("02aabbccddee") in pkt
+    assert pkt == request(dhcp.DISCOVER, 0x1234, "02:aa:bb:cc:dd:ee", opts=[PARAMS])
+
+
+def test_requests_are_the_exact_bytes_lark_always_sent():
+    mac, cid = "02:aa:bb:cc:dd:ee", dhcp.client_id("02:aa:bb:cc:dd:ee", "alice")
+    assert cid[0] == 0 and len(cid) == 17
+    assert dhcp.build(dhcp.REQUEST, 5, mac, requested="198.51.100.160", server="198.51.100.1", owner="alice") == \
+        request(dhcp.REQUEST, 5, mac, cid=cid, opts=[(OPT_REQ_IP, socket.inet_aton("198.51.100.160")),
+                                                      (OPT_SERVER, socket.inet_aton("198.51.100.1")), PARAMS])
+    # Renewal and release are unicast from the leased address; a RELEASE asks for no parameters.
+    assert dhcp.build(dhcp.REQUEST, 6, mac, ciaddr="198.51.100.160", broadcast=False) == \
+        request(dhcp.REQUEST, 6, mac, ciaddr="198.51.100.160", broadcast=False, opts=[PARAMS])
+    assert dhcp.build(dhcp.RELEASE, 7, mac, ciaddr="198.51.100.160", server="198.51.100.1", broadcast=False,
+                      owner="alice") == \
+        request(dhcp.RELEASE, 7, mac, ciaddr="198.51.100.160", broadcast=False, cid=cid,
+                opts=[(OPT_SERVER, socket.inet_aton("198.51.100.1"))])
 
 
 def test_ack_becomes_a_lease_with_server_times():
-    opts = [(dhcp.OPT_MASK, socket.inet_aton("255.255.254.0")), (dhcp.OPT_ROUTER, socket.inet_aton("198.51.100.1")),
-            (dhcp.OPT_SERVER, socket.inet_aton("198.51.100.1")), (dhcp.OPT_LEASE, struct.pack("!I", 600))]
+    opts = [(OPT_MASK, socket.inet_aton("255.255.254.0")), (OPT_ROUTER, socket.inet_aton("198.51.100.1")),
+            (OPT_SERVER, socket.inet_aton("198.51.100.1")), (OPT_LEASE, struct.pack("!I", 600))]
     xid, yiaddr, o = dhcp.parse(reply(dhcp.ACK, opts=opts))
+    assert int(o["message_type"]) == dhcp.ACK
     lease = dhcp.lease_from(yiaddr, o, 1000.0)
     assert (xid, lease.address, lease.prefix, lease.router, lease.server) == (7, "198.51.100.160", 23,
                                                                               "198.51.100.1", "198.51.100.1")
@@ -37,8 +75,26 @@ def test_ack_becomes_a_lease_with_server_times():
     assert dhcp.Lease.from_dict(lease.to_dict()) == lease
 
 
+def test_a_reply_without_router_mask_or_times_gets_defaults():
+    xid, yiaddr, o = dhcp.parse(reply(dhcp.OFFER, xid=3))
+    lease = dhcp.lease_from(yiaddr, o, 0.0)
+    assert (lease.prefix, lease.router, lease.server, lease.lease_time, lease.t1) == (24, None, "", 3600, 1800)
+
+
 def test_requests_are_not_replies():
     assert dhcp.parse(dhcp.build(dhcp.REQUEST, 1, "02:00:00:00:00:01")) is None
+    assert dhcp.parse(reply(dhcp.ACK)[:BOOTP.size + 4] + b"\xff") is None  # no message type: not a reply
+
+
+@pytest.mark.parametrize("bad", [(OPT_LEASE, b"\0\0\2\x58\0\0"),       # a lease time of 6 bytes
+                                 (OPT_SERVER, b"\xc6\x33"),                # a server id of 2 bytes
+                                 (OPT_TYPE, b"\x05\x05")])                 # a message type of 2 bytes
+def test_a_reply_with_an_option_of_the_wrong_length_is_dropped_whole(bad):
+    # The options after the bad one would be lost: no lease may be made from the rest (e.g. a default lease time).
+    good = [(OPT_SERVER, socket.inet_aton("198.51.100.1")), (OPT_LEASE, struct.pack("!I", 600))]
+    assert dhcp.parse(reply(dhcp.ACK, opts=good)) is not None
+    assert dhcp.parse(reply(dhcp.ACK, opts=[bad, *good])) is None
+    assert dhcp.parse(reply(dhcp.ACK, opts=good)[:-3]) is None  # cut off inside the last option
 
 
 @given(st.binary(max_size=600))
@@ -49,9 +105,9 @@ def test_parse_never_raises_on_garbage(data):
 
 @given(st.binary(max_size=300))
 def test_parse_never_raises_on_garbage_options(tail):
-    head = reply(dhcp.OFFER)[:dhcp.BOOTP.size + 4]
+    head = reply(dhcp.OFFER)[:BOOTP.size + 4]
     got = dhcp.parse(head + tail)
-    assert got is None or isinstance(got[2], dict)
+    assert got is None or ("message_type" in got[2] and isinstance(got[1], str))
 
 
 # -- validation of answers (issue 14, item 8) ---------------------------------------------------------------
@@ -60,13 +116,13 @@ SERVER, ROGUE = "198.51.100.1", "198.51.100.66"
 
 
 def answer(msg_type, xid, yiaddr="198.51.100.160", server=SERVER, lease=600, mac=MAC, extra=()):
-    head = dhcp.BOOTP.pack(2, 1, 6, 0, xid, 0, 0, bytes(4), socket.inet_aton(yiaddr), bytes(4), bytes(4),
-                           bytes.fromhex(mac.replace(":", "")).ljust(16, b"\0"), bytes(64), bytes(128))
-    opts = [(dhcp.OPT_TYPE, bytes([msg_type])), (dhcp.OPT_MASK, socket.inet_aton("255.255.255.0")),
-            (dhcp.OPT_LEASE, struct.pack("!I", lease)), *extra]
+    head = BOOTP.pack(2, 1, 6, 0, xid, 0, 0, bytes(4), socket.inet_aton(yiaddr), bytes(4), bytes(4),
+                      bytes.fromhex(mac.replace(":", "")).ljust(16, b"\0"), bytes(64), bytes(128))
+    opts = [(OPT_TYPE, bytes([msg_type])), (OPT_MASK, socket.inet_aton("255.255.255.0")),
+            (OPT_LEASE, struct.pack("!I", lease)), *extra]
     if server:
-        opts.append((dhcp.OPT_SERVER, socket.inet_aton(server)))
-    return head + dhcp.MAGIC + dhcp._options(opts)
+        opts.append((OPT_SERVER, socket.inet_aton(server)))
+    return head + dhcp.MAGIC + _options(opts)
 
 
 class FakeServerSocket:
@@ -82,7 +138,7 @@ class FakeServerSocket:
         return False
 
     def sendto(self, packet, dest):
-        f = dhcp.BOOTP.unpack_from(packet)
+        f = BOOTP.unpack_from(packet)
         self.sent.append((packet, dest))
         self.pending = list(self.script.pop(0)(f[4])) if self.script else []
 
@@ -114,8 +170,8 @@ def test_answers_for_another_client_or_from_another_server_are_ignored(monkeypat
     ])
     lease = c.acquire()
     assert (lease.address, lease.server, lease.lease_time) == ("198.51.100.160", SERVER, 600)
-    request = dhcp.parse(b"\x02" + fake.sent[-1][0][1:])  # read as a reply: our REQUEST names the offering server
-    assert socket.inet_ntoa(request[2][dhcp.OPT_SERVER]) == SERVER
+    sent = dhcp.parse(b"\x02" + fake.sent[-1][0][1:])  # read as a reply: our REQUEST names the offering server
+    assert sent[2]["server_id"] == SERVER
 
 
 def test_ack_for_another_address_than_offered_is_refused(monkeypatch):
@@ -135,7 +191,7 @@ def test_renewal_counts_only_the_granting_servers_ack(monkeypatch):
     new = c.renew(old)
     assert (new.address, new.server, new.lease_time, new.owner) == (old.address, SERVER, 900, "alice")
     # The renewal speaks with the owner's client identifier.
-    assert bytes([dhcp.OPT_CLIENT_ID, 17]) + dhcp.client_id(MAC, "alice") in fake.sent[0][0]
+    assert bytes([OPT_CLIENT_ID, 17]) + dhcp.client_id(MAC, "alice") in fake.sent[0][0]
 
 
 @pytest.mark.parametrize("lease,why", [(0, "below the minimum"), (59, "below the minimum")])
@@ -148,8 +204,8 @@ def test_lease_times_below_the_minimum_are_refused(lease, why):
 def test_long_leases_are_cut_and_bad_timers_replaced():
     _, y, o = dhcp.parse(answer(dhcp.ACK, 1, lease=0xFFFFFFFF))
     assert dhcp.lease_from(y, o, 0.0).lease_time == dhcp.MAX_LEASE_S
-    _, y, o = dhcp.parse(answer(dhcp.ACK, 1, lease=600, extra=[(dhcp.OPT_T1, struct.pack("!I", 700)),
-                                                                 (dhcp.OPT_T2, struct.pack("!I", 10))]))
+    _, y, o = dhcp.parse(answer(dhcp.ACK, 1, lease=600, extra=[(OPT_T1, struct.pack("!I", 700)),
+                                                                 (OPT_T2, struct.pack("!I", 10))]))
     lease = dhcp.lease_from(y, o, 0.0)
     assert (lease.t1, lease.t2) == (300, 525)
 

@@ -77,3 +77,8 @@ def test_socket_path_without_a_config_file_needs_no_config_code(monkeypatch, tmp
     cfg.write_text('[daemon]\nsocket = "/run/elsewhere/lark.sock"\n')
     monkeypatch.setenv("LARK_CONFIG", str(cfg))
     assert client.socket_path() == "/run/elsewhere/lark.sock"
+    # A file that is not TOML, or none at $LARK_CONFIG: larkd's default socket (as lark.config refuses them).
+    cfg.write_text('[daemon]\nsocket = "/run/elsewhere/lark.sock\n')
+    assert client.socket_path() == client.DEFAULT_SOCKET
+    monkeypatch.setenv("LARK_CONFIG", str(tmp_path / "absent.toml"))
+    assert client.socket_path() == client.DEFAULT_SOCKET

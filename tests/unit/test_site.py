@@ -181,7 +181,7 @@ def test_setup_job_for_a_bridged_job_without_host_address_on_the_bridge(tmp_path
     assert dns.setup_job(fwd, None, "bridge", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == []
     monkeypatch.setattr(dns, "host_address_on", lambda ipr, dev: "192.0.2.2")
     assert dns.setup_job(fwd, None, "bridge", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == ["127.0.0.53"]
-    assert steered[0][6] == "192.0.2.2"  # the route to the forwarder goes via the host's bridge address
+    assert steered[0][5] == "192.0.2.2"  # the route to the forwarder goes via the host's bridge address
 
 
 def test_ptrace_scope_finding(tmp_path):
