@@ -10,9 +10,11 @@ start in waves of 16 and then idle, while larkd polls their counters every POLL_
   (libnftables commands, netlink link dumps) one pass makes: it must be one for all jobs, not one per job;
 - then every job at once downloads DOWN_MB from the world's HTTP server and uploads UP_MB to its byte sink; after
   the jobs end, the bytes in larkd's final records (IP bytes of every packet, counted by nftables) are compared
-  with the bytes each workload reports moving (payload): err = (counted - payload) / payload, per job and
-  direction. The difference is TCP/IP and HTTP header bytes, which the counters include on purpose. The counters
-  are also compared with the host veth's device statistics (minus 14 bytes of Ethernet header per packet).
+  with what crossed the job's link: the host veth's device statistics minus 14 bytes of Ethernet header per
+  packet. That is the accounting error (goal <= 0.5 % per job). They are also compared with the bytes each
+  workload reports moving (payload), as information: the excess over payload is TCP/IP and HTTP headers and,
+  with 128 jobs contending, retransmitted segments; both are traffic the job really moved and are counted on
+  purpose, so payload is not the reference for the error.
 
 Prints a table, then one line: jobs=<n> rss_mb=<x> poll_cpu_ms=<y> acct_err_max_pct=<z> ...
 Goals (issue 15): RSS <= 80 MB, one poll pass <= 10 ms CPU, accounting error <= 0.5 % per job.
@@ -229,15 +231,14 @@ def main() -> int:
             if xs:
                 worst = max(xs, key=lambda x: abs(x[1]))
                 # The excess per packet tells headers (~52-66 bytes a packet) from retransmitted data.
-                rows.append((f"accounting error, {direction}load (counted vs payload)", f"max {abs(worst[1]):.3f} %",
+                rows.append((f"counted over payload, {direction}load (headers, retransmits)", f"max {abs(worst[1]):.3f} %",
                              f"p50 {statistics.median(abs(x[1]) for x in xs):.3f} %, worst job: +{worst[2]} bytes "
                              f"over {worst[3]} packets ({worst[2] / max(worst[3], 1):.0f} B/packet)"))
-        out["acct_err_max_pct"] = max((abs(x[1]) for x in errs), default=float("nan"))
+        out["over_payload_max_pct"] = max((abs(x[1]) for x in errs), default=float("nan"))
         out["acct_jobs"] = len(errs) // 2
-        if link_diff:
-            out["counter_vs_device_max_pct"] = max(link_diff)
-            rows.append(("nft counters vs veth device statistics", f"max {max(link_diff):.3f} %",
-                         f"{len(link_diff)} jobs"))
+        out["acct_err_max_pct"] = max(link_diff, default=float("nan"))
+        rows.append(("accounting error: nft counters vs bytes on the job's link", f"max {out['acct_err_max_pct']:.3f} %",
+                     f"{len(link_diff)} jobs (veth device statistics minus Ethernet headers)"))
     finally:
         for p in procs:
             if p.poll() is None:
@@ -250,7 +251,8 @@ def main() -> int:
     print("goals: " + ", ".join(f"{k} <= {v:g} ({'met' if out.get(k, float('inf')) <= v else 'NOT met'})"
                                 for k, v in GOALS.items()))
     print(f"jobs={N_JOBS} rss_mb={out['rss_mb']:.1f} poll_cpu_ms={out['poll_cpu_ms']:.2f} "
-          f"acct_err_max_pct={out['acct_err_max_pct']:.3f} larkd_cpu_ms_per_pass={out['larkd_cpu_ms_per_pass']:.2f} "
+          f"acct_err_max_pct={out['acct_err_max_pct']:.3f} over_payload_max_pct={out['over_payload_max_pct']:.3f} "
+          f"larkd_cpu_ms_per_pass={out['larkd_cpu_ms_per_pass']:.2f} "
           f"nft_calls_per_pass={out['nft_calls_per_pass']:.0f} acct_jobs={out['acct_jobs']}")
     return 0
 
