@@ -188,10 +188,12 @@ def inner() -> None:
     p50 = statistics.median(s_seq)
     print(f"setup_p50_ms={p50:.1f} setup_p99_ms={pct(s_seq, 99):.1f} teardown_p50_ms={statistics.median(t_seq):.1f} "
           f"cni_p50_ms={statistics.median(c_seq):.1f} speedup={statistics.median(c_seq) / p50:.2f}")
-    goals = {"bridge static": 20, "ovs static": 40, "bridge dhcp, cached lease": 50, "bridge dhcp, cold": 150}
-    print(" ".join(f"{name.replace(' ', '_').replace(',', '')}_p50_ms={statistics.median(modes[name][0]):.1f}"
-                   f"(goal<={goal}:{'met' if statistics.median(modes[name][0]) <= goal else 'NOT met'})"
-                   for name, goal in goals.items() if name in modes))
+    # (mode, percentile, goal ms): issue 15 for OVS (p50 <= 25) and a cold DHCP setup (p99 <= 100), issue 5 before
+    goals = [("bridge static", 50, 20), ("ovs static", 50, 25), ("bridge dhcp, cached lease", 50, 50),
+             ("bridge dhcp, cold", 99, 100)]
+    print(" ".join(f"{name.replace(' ', '_').replace(',', '')}_p{q}_ms={pct(modes[name][0], q):.1f}"
+                   f"(goal<={goal}:{'met' if pct(modes[name][0], q) <= goal else 'NOT met'})"
+                   for name, q, goal in goals if name in modes))
     subprocess.run(["rm", "-rf", tmp])
 
 
