@@ -7,9 +7,12 @@ Setup (testbed/pool.py, started here and stopped at the end, also on failure):
   redirected to an ifb shaped to 1 Gbit/s (link_commands). By default (`--link fair`) the link splits evenly among
   the sources using it (an htb class per job address), i.e. the even split the paper expects from TCP fairness
   without management; `--link fifo` is a plain drop-tail tbf, where TCP uploads here (sub-millisecond RTT, no
-  netem in this kernel to add WAN delay) lock each other out instead of sharing. The sink (this file, `sink` mode, in the WAN namespace)
-  accepts any number of uploads on WAN_SERVER:SINK_PORT and records every 0.5 s the bytes received per source
-  address (the iperf3 servers serve one client at a time).
+  netem in this kernel to add WAN delay) lock each other out instead of sharing. The sink (this file, `--sink`,
+  in the WAN namespace) accepts any number of uploads on WAN_SERVER:SINK_PORT and records every 0.5 s the bytes
+  received per source address (the iperf3 servers serve one client at a time).
+- TCP: the uploads use Reno (`--cc`). This kernel's default is BBR (CONFIG_DEFAULT_TCP_CONG), which is not
+  loss-based; the paper's Linux hosts ran loss-based TCP (CUBIC), whose fairness its "without management" runs
+  show. CUBIC is not in tcp_allowed_congestion_control here, so a job (unprivileged) cannot pick it; Reno it can.
 - The controller has only [[wan_group]] sections (no drop/slice/steer policies): "cms" selects
   `AcctGroup =?= "cms"` (submit files say `accounting_group = cms`, `accounting_group_user = alice`), "other"
   is the catch-all (`select = 'true'`). `--mechanism` is written as `[wan] mechanism` (meter: the controller's
@@ -274,10 +277,10 @@ def parse_ns(text: str | None, full: bool) -> list[int]:
 
 
 # -- in the jobs and in the WAN namespace -----------------------------------------------------------------------
-# Runs as each job, in its own network namespace: argv label sink_host sink_port gateway.
+# Runs as each job, in its own network namespace: argv label sink_host sink_port gateway congestion_control.
 UPLOADER = r'''
 import json, os, socket, sys, time
-label, host, port, gateway = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+label, host, port, gateway, cc = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 
 def put(name, data):
     with open(name + ".tmp", "w") as f:
@@ -303,7 +306,12 @@ while not os.path.exists("done"):
         time.sleep(max(0.0, r["start_at"] - time.time()))
         end = r["start_at"] + r["seconds"]
         try:
-            with socket.create_connection((host, port), timeout=max(5.0, end - time.time())) as s:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                if cc != "default":
+                    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, cc.encode())
+                s.settimeout(max(5.0, end - time.time()))
+                s.connect((host, port))
+                res["cc"] = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
                 res["t0"] = time.time()
                 while time.time() < end:
                     s.sendall(buf)
@@ -394,6 +402,7 @@ class Bench:
         self.sink_proc: subprocess.Popen | None = None
         self.samples_path = pool.POOL / "paper_wan_sink.jsonl"
         self.mechanism_key: str | None = args.mechanism    # what goes into [wan] mechanism (check_mechanism)
+        self.resubmitted: list[str] = []                    # jobs that ended before running, and why
 
     def path(self, j: Job) -> Path:
         return self.pool.HOME / j.user / f"wan-{j.label}"
@@ -467,27 +476,45 @@ class Bench:
         log.info("switch meters: %s", "; ".join(m.strip() for m in meters) or "none")
 
     # -- jobs
-    def submit_all(self) -> None:
+    def submit(self, j: Job) -> None:
         pool = self.pool
+        extra = "accounting_group = cms\naccounting_group_user = alice\n" if j.group == "cms" else ""
+        body = (f'executable = /usr/bin/python3\narguments = "uploader.py {j.label} {pool.WAN_SERVER} '
+                f'{SINK_PORT} {pool.GATEWAY} {self.args.cc}"\noutput = out.txt\nerror = err.txt\nlog = log.txt\n'
+                f"should_transfer_files = NO\nrequest_cpus = 1\nrequest_memory = 64\n{extra}queue\n")
+        j.cluster = pool.submit_as(j.user, f"wan-{j.label}", body, files={"uploader.py": UPLOADER})
+
+    def submit_all(self) -> None:
         for j in self.jobs:
-            extra = "accounting_group = cms\naccounting_group_user = alice\n" if j.group == "cms" else ""
-            body = (f'executable = /usr/bin/python3\narguments = "uploader.py {j.label} {pool.WAN_SERVER} '
-                    f'{SINK_PORT} {pool.GATEWAY}"\noutput = out.txt\nerror = err.txt\nlog = log.txt\n'
-                    f"should_transfer_files = NO\nrequest_cpus = 1\nrequest_memory = 64\n{extra}queue\n")
-            j.cluster = pool.submit_as(j.user, f"wan-{j.label}", body, files={"uploader.py": UPLOADER})
+            self.submit(j)
         log.info("submitted %d uploader jobs: clusters %d-%d", len(self.jobs), self.jobs[0].cluster,
                  self.jobs[-1].cluster)
-        self._wait_files(self.jobs, "me.json", 300)
+        self._wait_files(self.jobs, "me.json", 300, resubmit=2)
         for j in self.jobs:
             j.address = json.loads((self.path(j) / "me.json").read_text())["address"]
         log.info("all %d jobs run: %s", len(self.jobs), ", ".join(f"{j.label}={j.address}" for j in self.jobs))
 
-    def _wait_files(self, jobs: list[Job], name: str, timeout: float) -> None:
-        deadline = time.time() + timeout
+    def _wait_files(self, jobs: list[Job], name: str, timeout: float, resubmit: int = 0) -> None:
+        """Until every job wrote `name`. With `resubmit`, a job that left the queue without writing it (Lark could
+        not set up its network: the reason is in its err.txt) is submitted again, at most that many times."""
+        deadline, check_at, again = time.time() + timeout, time.time() + 5, 0
         while True:
             missing = [j for j in jobs if not (self.path(j) / name).exists()]
             if not missing:
                 return
+            if resubmit and time.time() >= check_at:
+                check_at = time.time() + 5
+                cp = self.pool.run(self.pool.in_machine("cm", ["condor_q", *(str(j.cluster) for j in missing),
+                                                               "-af", "ClusterId"]), check=False)
+                queued = set(cp.stdout.split()) if cp.returncode == 0 else {str(j.cluster) for j in missing}
+                for j in missing:
+                    if str(j.cluster) not in queued and not (self.path(j) / name).exists() and again < resubmit:
+                        err = (self.path(j) / "err.txt").read_text(errors="replace").strip()[-400:]
+                        log.warning("job %s (cluster %d) ended before it ran: %s; submitting it again",
+                                    j.label, j.cluster, err or "no error output")
+                        self.resubmitted.append(f"{j.label}: {err}")
+                        self.submit(j)
+                        again += 1
             if time.time() > deadline:
                 cp = self.pool.run(self.pool.in_machine("cm", ["condor_q", *(str(j.cluster) for j in missing),
                                                                "-af:t", "ClusterId", "JobStatus", "HoldReason"]),
@@ -651,6 +678,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=float(os.environ.get("BENCH_SECONDS", "20")),
                     help="upload time per round (s), default 20")
     ap.add_argument("--only", choices=["fig10", "fig12"], help="run one figure only")
+    ap.add_argument("--cc", default="reno",
+                    help="the uploads' TCP congestion control (default reno; 'default' = the kernel's, bbr here)")
     ap.add_argument("--link", choices=["fair", "fifo"], default="fair",
                     help="the WAN link's queue: fair (per source, default) or fifo (drop-tail); see link_commands")
     ap.add_argument("--sink", help=argparse.SUPPRESS)      # internal: the WAN sink, in the WAN namespace
@@ -709,9 +738,9 @@ def main() -> int:
 
     rows = fig12_rows(managed, unmanaged)
     pngs = plot(fig10, rows, OUT / "paper_wan_fig10.png", OUT / "paper_wan_fig12.png")
-    print(f"\nWAN link {LINK_MBIT} Mbit/s ({args.link}), mechanism {args.mechanism}, {args.seconds:g} s per "
-          f"round (averages leave out the first {WARMUP:g} s and the last {TAIL:g} s), {os.cpu_count()} CPUs "
-          f"(shared machine), wall {wall:.0f} s")
+    print(f"\nWAN link {LINK_MBIT} Mbit/s ({args.link}), TCP {args.cc}, mechanism {args.mechanism}, "
+          f"{args.seconds:g} s per round (averages leave out the first {WARMUP:g} s and the last {TAIL:g} s), "
+          f"{os.cpu_count()} CPUs (shared machine), wall {wall:.0f} s")
     if fig10 is not None:
         print("\nFig. 10: cms 250 Mbit/s, other 100 Mbit/s, two jobs of each group at once (goodput at the sink)")
         print(fig10_table(fig10[0]))
@@ -721,6 +750,8 @@ def main() -> int:
         print(fig12_table(rows))
     if pngs:
         print("\nplots: " + ", ".join(str(p) for p in pngs))
+    for why in bench.resubmitted:
+        print(f"resubmitted (ended before it ran): {why}")
     print(summary(fig10[0] if fig10 else None, rows))
     return 0
 
