@@ -6,7 +6,7 @@ APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-s
                 containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates \
                 dhcpcd-base
 
-.PHONY: deps test unit integration e2e e2e-pool testbed demo demo-pool demo-fake bench clean
+.PHONY: deps test unit integration e2e e2e-pool testbed demo demo-pool demo-fake bench bench-wan clean
 
 deps: $(VENV)/.installed
 
@@ -58,8 +58,8 @@ demo-pool: deps
 demo-fake: deps
 	$(VPY) demo/fake_ep_demo.py
 
-# Benchmarks print tables with their goals; paper_fig8 also writes bench/out/paper_fig8.png. pool_true_jobs runs
-# the pool testbed (shares the testbed root, hence the lock).
+# Benchmarks print tables with their goals; paper_fig8 also writes bench/out/paper_fig8.png. pool_true_jobs and
+# paper_wan run the pool testbed (shares the testbed root, hence the lock).
 bench: deps
 	$(VPY) -m pip install -q '.[bench]'
 	$(VPY) bench/setup_latency.py
@@ -71,6 +71,13 @@ bench: deps
 	$(VPY) bench/report.py
 	$(VPY) bench/controller.py
 	$(VPY) bench/escape_attempts.py
+	flock /tmp/lark-testbed.lock $(VPY) bench/paper_wan.py
+
+# The paper's WAN figures (Fig. 10, Fig. 12 / Table III) with real jobs on the pool testbed: about 10 minutes;
+# writes bench/out/paper_wan_fig10.png and paper_wan_fig12.png. ARGS="--full" for every N in 1..15.
+bench-wan: deps
+	$(VPY) -m pip install -q '.[bench]'
+	flock /tmp/lark-testbed.lock $(VPY) bench/paper_wan.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

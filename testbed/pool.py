@@ -66,6 +66,7 @@ MGMT_CORE, MGMT_CM = "10.78.0.1", "10.78.0.2"
 OPENFLOW_PORT = 6653
 REGISTRATION_PORT = 8443
 JOB_PORT = 20001                          # the probe jobs' listener (inside Lark's inbound_ports)
+SLOTS_PER_EP = 4                          # static slots per EP (start(slots_per_ep=...) for more)
 
 
 def ns_path(name: str) -> str:
@@ -281,7 +282,8 @@ def start_wan(state: dict) -> None:
 
 
 # -- machines ---------------------------------------------------------------------------------------------------
-def condor_config(machine: str) -> str:
+def condor_config(machine: str, slots_per_ep: int = SLOTS_PER_EP, ep_extra: str = "") -> str:
+    """A machine's HTCondor configuration; on an EP `slots_per_ep` static slots, then `ep_extra` (more lines)."""
     common = (
         "# Lark pool testbed (testbed/pool.py): one machine of a multi-machine pool.\n"
         f"CONDOR_HOST = {ADDRESS['cm']}\n"
@@ -300,16 +302,17 @@ def condor_config(machine: str) -> str:
     return common + (
         "DAEMON_LIST = MASTER STARTD LARKD\n"
         "# Static slots: several jobs start at once (a partitionable slot starts them about two at a time).\n"
-        "NUM_CPUS = 4\nMEMORY = 4096\nSLOT_TYPE_1 = cpus=1\nNUM_SLOTS_TYPE_1 = 4\n"
-        "SLOT_TYPE_1_PARTITIONABLE = False\n"
+        f"NUM_CPUS = {slots_per_ep}\nMEMORY = {1024 * slots_per_ep}\nSLOT_TYPE_1 = cpus=1\n"
+        f"NUM_SLOTS_TYPE_1 = {slots_per_ep}\nSLOT_TYPE_1_PARTITIONABLE = False\n"
         "# Jobs are stations on the site network (bridge mode), so jobs on other EPs can reach them.\n"
         'NetworkType = "bridge"\n'
         f'LarkPoolEP = "{machine}"\n'
-        "STARTD_ATTRS = $(STARTD_ATTRS) LarkPoolEP\n")
+        "STARTD_ATTRS = $(STARTD_ATTRS) LarkPoolEP\n" + ep_extra)
 
 
-def lark_knobs(ep: str) -> str:
-    """larkd's configuration on an EP as HTCondor LARK_* knobs (docs/admin.md), after the testbed's own."""
+def lark_knobs(ep: str, extra: dict[str, str] | None = None) -> str:
+    """larkd's configuration on an EP as HTCondor LARK_* knobs (docs/admin.md), after the testbed's own; `extra`
+    (knob name without LARK_, lower case -> value) adds or overrides knobs."""
     knobs = {"ad_source": "startd", "poll_interval": "1.0", "uplink": "lkbr0", "subnet": "10.213.0.0/24",
              "bandwidth_mbit": "1000", "default_network_type": "bridge", "bridge_name": "lkbr0",
              "bridge_uplink": "eth0", "bridge_range": JOB_RANGE[ep], "job_mac_seed": ep, "bridge_gateway": GATEWAY,
@@ -321,10 +324,12 @@ def lark_knobs(ep: str) -> str:
                      # Jobs on one EP meet only through the core switch, which applies the policies and sends
                      # their frames back (the controller's ep_ports): docs/pool.md.
                      bridge_isolate_jobs="true")
+    knobs.update(extra or {})
     return "# larkd on this EP\n" + "".join(f"LARK_{k.upper()} = {v}\n" for k, v in knobs.items())
 
 
-def make_machine(machine: str, pool_key: bytes, state: dict) -> None:
+def make_machine(machine: str, pool_key: bytes, state: dict, slots_per_ep: int = SLOTS_PER_EP,
+                 ep_condor: str = "", larkd_knobs: dict[str, str] | None = None) -> None:
     """An overlay of the shared root, its mounts, and this machine's HTCondor and Lark configuration."""
     base = POOL / machine
     shutil.rmtree(base, ignore_errors=True)
@@ -349,7 +354,7 @@ def make_machine(machine: str, pool_key: bytes, state: dict) -> None:
         (root / d).mkdir(parents=True, exist_ok=True)
         run(["chroot", str(root), "chown", "condor:condor", "/" + d])
     (root / "etc/condor/config.d/95-lark-pool.conf").write_text(
-        condor_config(machine) + (lark_knobs(machine) if machine in EPS else ""))
+        condor_config(machine, slots_per_ep, ep_condor) + (lark_knobs(machine, larkd_knobs) if machine in EPS else ""))
     keydir = root / "etc/condor/passwords.d"
     keydir.mkdir(parents=True, exist_ok=True)
     keydir.chmod(0o700)
@@ -406,14 +411,17 @@ port = "wan1"
 """
 
 
-def controller_config() -> str:
+def controller_config(policies: str | None = None) -> str:
+    """controller.toml: the pool's switch and API settings, then `policies` ([[policy]], [[wan_group]], [wan]
+    sections; default SDN_POLICIES)."""
     return (f'[openflow]\nhost = "{MGMT_CM}"\nport = {OPENFLOW_PORT}\n'
             f'[api]\nhost = "{ADDRESS["cm"]}"\nport = {REGISTRATION_PORT}\n'
             'ca = "certs/ca.pem"\ncert = "certs/controller.pem"\nkey = "certs/controller.key"\n'
             '[switch]\nwan_ports = ["wan0", "wan1"]\n'
             f'site_prefixes = ["{GATEWAY.rsplit(".", 1)[0]}.0/{SITE_PREFIX}"]\n'
             # each EP's uplink is the switch port named after it (make_network)
-            f'ep_ports = {{ {", ".join(f"{ep} = {json.dumps(ep)}" for ep in EPS)} }}\n' + SDN_POLICIES)
+            f'ep_ports = {{ {", ".join(f"{ep} = {json.dumps(ep)}" for ep in EPS)} }}\n'
+            + (SDN_POLICIES if policies is None else policies))
 
 
 def controller_cli(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -421,14 +429,14 @@ def controller_cli(*args: str, check: bool = True) -> subprocess.CompletedProces
     return run(in_ns("cm", [exe, *args]), check=check)
 
 
-def start_controller(state: dict) -> None:
+def start_controller(state: dict, policies: str | None = None) -> None:
     """lark-controller in the CM's netns (from this tree's venv: it needs os-ken), the core switch its client.
 
     Certificates from `lark-controller certs`: the controller's names its API address (larkd checks it), each
     EP's certificate name is the EP's identity at the controller."""
     shutil.rmtree(CERTS, ignore_errors=True)
     controller_cli("certs", "--dir", str(CERTS), f"controller={ADDRESS['cm']}", *EPS)
-    (POOL / "controller.toml").write_text(controller_config())
+    (POOL / "controller.toml").write_text(controller_config(policies))
     p = _spawn_controller(state)
     # secure: without a controller the switch keeps the flows it has and never falls back to learning.
     vsctl("set", "bridge", SWITCH, "fail_mode=secure", "--", "set-controller", SWITCH,
@@ -477,7 +485,25 @@ def restart_controller() -> None:
     _wait_switch_ready(_spawn_controller(state))
 
 
-def start() -> None:
+def reconfigure_controller(policies: str | None) -> None:
+    """A new controller.toml with `policies` (None: SDN_POLICIES), then the controller stopped (SIGTERM, by PID;
+    the switch keeps its flows) and started again, as docs/controller.md says for a config change. At the
+    switch's reconnect it deletes its own flows and the meters the new config no longer has; running jobs get
+    their new decisions at their EP's next resync (larkd's controller_resync)."""
+    state = load_state()
+    (POOL / "controller.toml").write_text(controller_config(policies))
+    pid = state["pids"].pop("controller", None)
+    if pid:
+        _kill(pid, "controller")
+    save_state(state)
+    _wait_switch_ready(_spawn_controller(state))
+
+
+def start(policies: str | None = None, slots_per_ep: int = SLOTS_PER_EP, ep_condor: str = "",
+          larkd_knobs: dict[str, str] | None = None) -> None:
+    """Start the pool. The defaults are what demo-pool and tests/e2e_pool use; a benchmark may give its own
+    controller `policies` (controller_config), `slots_per_ep` static slots per EP, more HTCondor lines for the
+    EPs (`ep_condor`) and larkd knobs (`larkd_knobs`, see lark_knobs)."""
     if load_state():
         down()
     if not tb.BUILD_STAMP.exists():
@@ -490,10 +516,10 @@ def start() -> None:
         shutil.rmtree(HOME, ignore_errors=True)
         run(["cp", "-a", str(tb.ROOT / "home"), str(HOME)])
         if controller_available():
-            start_controller(state)
+            start_controller(state, policies)
         pool_key = secrets.token_bytes(64)
         for m in MACHINES:
-            make_machine(m, pool_key, state)
+            make_machine(m, pool_key, state, slots_per_ep, ep_condor, larkd_knobs)
         for m in MACHINES:
             start_master(m, state)
         wait_ready()
