@@ -4,8 +4,12 @@ There is no fallback to the `nft` binary: it links libnftables itself, so where 
 binary is too.
 
 Spawning `nft` costs a few milliseconds per job setup; the library call is the same JSON, same parser, same
-kernel transaction. One context is shared under a lock (libnftables contexts are not thread-safe); its
-netlink socket belongs to the netns larkd runs in, whatever namespace a setup thread is visiting.
+kernel transaction. One context is shared; its netlink socket belongs to the netns larkd runs in, whatever
+namespace a setup thread is visiting. Every call into the library, through any context, holds one process-wide
+lock: libnftables keeps process-global state next to its contexts (the interface list it resolves device names
+with, filled in the calling thread's netns and freed when any context is freed), so a context made in a job's
+netns and freed by one setup thread while another resolved the uplink for a `fwd` failed that job with
+"Interface does not exist" (seen with 17 bridged jobs starting at once, `bridge_isolate_jobs`).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import threading
 from ...errors import LarkError
 
 NFT_CTX_OUTPUT_JSON = 1 << 4
+_LIBRARY_LOCK = threading.RLock()   # every libnftables call, whatever the context (see above)
 
 
 class LibNft:
@@ -35,13 +40,14 @@ class LibNft:
         lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
         lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
         self.lib = lib
-        self.ctx = lib.nft_ctx_new(0)
+        with _LIBRARY_LOCK:
+            self.ctx = lib.nft_ctx_new(0)
         if not self.ctx:
             raise OSError("nft_ctx_new failed")
         lib.nft_ctx_output_set_flags(self.ctx, NFT_CTX_OUTPUT_JSON)
         lib.nft_ctx_buffer_output(self.ctx)
         lib.nft_ctx_buffer_error(self.ctx)
-        self.lock = threading.Lock()
+        self.lock = _LIBRARY_LOCK
 
     def run(self, cmd: str) -> tuple[int, str, str]:
         """Run one command or JSON batch; returns (rc, output, error) like the `nft` binary would."""
@@ -63,7 +69,7 @@ def run_in_netns(ns_fd: int, cmd: str) -> tuple[int, str, str]:
     """Run `cmd` in another netns through a context made there (its socket stays in the netns it was made in)."""
     from ..netns import entered
     get()  # a clear error when libnftables is missing, before entering anything
-    with entered(ns_fd):
+    with _LIBRARY_LOCK, entered(ns_fd):
         ctx = LibNft()
         try:
             return ctx.run(cmd)
