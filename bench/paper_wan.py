@@ -86,14 +86,22 @@ SLOTS_PER_EP = 9
 
 
 # -- pure parts (tests/unit/test_paper_wan.py) ------------------------------------------------------------------
-def wan_policies(rates: dict[str, float] | None, mechanism: str | None = "meter") -> str:
+def wan_policies(rates: dict[str, float] | None, mechanism: str | None = "meter", ovsdb: str = "",
+                 tc_netns: str = "") -> str:
     """The controller's policy sections: none (management off), or the cms group and the catch-all, with
-    `[wan] mechanism` unless `mechanism` is None (a controller that predates the key: meters)."""
+    `[wan] mechanism` unless `mechanism` is None (a controller that predates the key: meters). Queues need the
+    core switch's OVSDB and, the controller running in the CM's namespace, the WAN ports' namespace for tc."""
     if not rates:
         return ""
+    queue = (f'ovsdb = "{ovsdb}"\ntc_netns = "{tc_netns}"\n' if mechanism == "queue" else "")
     return (f'\n[[wan_group]]\nname = "cms"\nselect = \'AcctGroup =?= "cms"\'\nrate_mbit = {rates["cms"]}\n'
             f'\n[[wan_group]]\nname = "other"\nselect = \'true\'\nrate_mbit = {rates["other"]}\n'
-            '\n[wan]\nunmatched = "pass"\n' + (f'mechanism = "{mechanism}"\n' if mechanism else ""))
+            '\n[wan]\nunmatched = "pass"\n' + (f'mechanism = "{mechanism}"\n' if mechanism else "") + queue)
+
+
+def queue_place(pool) -> dict[str, str]:
+    """Where the queue mechanism finds the core switch: its private OVSDB, and the core's namespace for tc."""
+    return {"ovsdb": f"unix:{pool.OVS_DIR}/db.sock", "tc_netns": f"{pool.PREFIX}core"}
 
 
 def rate_between(samples: list[tuple[float, dict]], addr: str, t0: float, t1: float) -> float:
@@ -468,7 +476,7 @@ class Bench:
 
     def configure(self, rates: dict | None) -> None:
         log.info("controller: %s", f"WAN groups {rates} ({self.args.mechanism})" if rates else "no WAN groups")
-        self.pool.reconfigure_controller(wan_policies(rates, self.mechanism_key))
+        self.pool.reconfigure_controller(wan_policies(rates, self.mechanism_key, **queue_place(self.pool)))
         self.wait_registered(rates)
         meters = [line for line in self.switch_meters().splitlines() if "meter=" in line]
         if rates is None and self.args.mechanism == "meter" and meters:
@@ -658,7 +666,7 @@ def check_mechanism(pool, mechanism: str) -> str | None:
     this tree predates the key and meters were asked for (its only mechanism); refuses anything else it rejects."""
     from lark.controller.config import from_mapping
     from lark.errors import LarkError
-    text = wan_policies(FIG10_RATES, mechanism)
+    text = wan_policies(FIG10_RATES, mechanism, **queue_place(pool))
     try:
         from_mapping(tomllib.loads(pool.controller_config(text)), base_dir=str(pool.POOL))
     except LarkError as e:
@@ -707,7 +715,7 @@ def main() -> int:
     t_start = time.monotonic()
     try:
         first = FIG10_RATES if args.only != "fig12" else FIG12_RATES
-        pool.start(policies=wan_policies(first, bench.mechanism_key), slots_per_ep=SLOTS_PER_EP,
+        pool.start(policies=wan_policies(first, bench.mechanism_key, **queue_place(pool)), slots_per_ep=SLOTS_PER_EP,
                    ep_condor="# bench/paper_wan.py: no Bandwidth resource, so no slot holds a share of the EP\n"
                              "MACHINE_RESOURCE_INVENTORY_Bandwidth =\n",
                    larkd_knobs={"default_bandwidth": "unlimited", "controller_resync": "5"})

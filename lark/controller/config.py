@@ -61,6 +61,9 @@ class ControllerConfig:
     # [wan] ovsdb: with "queue", the OVSDB of the Open vSwitch whose WAN ports get Lark's queues; "" = the site made
     # the queues itself (hardware switch, vendor tooling) and Lark only sends set_queue
     wan_ovsdb: str = "unix:/var/run/openvswitch/db.sock"
+    # [wan] tc_netns: with "queue" on a userspace datapath, the named network namespace (`ip netns`) the WAN ports
+    # are in, when the controller runs on the switch host but not in that namespace; "" = the controller's own
+    wan_tc_netns: str = ""
 
     @property
     def attributes(self) -> list[str]:
@@ -108,6 +111,9 @@ class ControllerConfig:
                 ("unix:", "tcp:", "ssl:"))):
             raise bad("wan.ovsdb", f"{self.wan_ovsdb!r} is not an OVSDB remote",
                       'e.g. "unix:/var/run/openvswitch/db.sock", or "" when the site makes the queues itself')
+        if not isinstance(self.wan_tc_netns, str) or "/" in self.wan_tc_netns:
+            raise bad("wan.tc_netns", f"{self.wan_tc_netns!r} is not a network namespace name",
+                      'the name `ip netns list` shows for the namespace of the WAN ports, or "" for the own one')
         if (self.wan_groups or self.wan_unmatched == "drop") and not self.site_prefixes:
             raise bad("site_prefixes", "[[wan_group]] needs to know which destinations are not the WAN",
                       'set site_prefixes = ["10.77.0.0/16"] under [switch]')
@@ -140,7 +146,8 @@ _SECTIONS = {
     "switch": {"wan_ports": "wan_ports", "site_prefixes": "site_prefixes", "barrier_timeout": "barrier_timeout",
                "reconcile_grace": "reconcile_grace", "reconcile_interval": "reconcile_interval",
                "ep_ports": "ep_ports"},
-    "wan": {"unmatched": "wan_unmatched", "mechanism": "wan_mechanism", "ovsdb": "wan_ovsdb"},
+    "wan": {"unmatched": "wan_unmatched", "mechanism": "wan_mechanism", "ovsdb": "wan_ovsdb",
+            "tc_netns": "wan_tc_netns"},
 }
 
 

@@ -173,11 +173,16 @@ def plan_port(dev: str, jobs: dict[int, JobQueue], state: TcState, leaves: dict[
     return adds + f_del + f_add + c_del, new
 
 
-def tc_batch(commands: list[list[str]], what: str) -> None:
+def tc_argv(netns: str = "") -> list[str]:
+    """`tc`, in the WAN ports' named netns when the controller runs beside the switch's namespace ([wan] tc_netns)."""
+    return ["tc", "-netns", netns] if netns else ["tc"]
+
+
+def tc_batch(commands: list[list[str]], what: str, netns: str = "") -> None:
     """All commands in one `tc -batch` (argv lists, no shell); an error names the object and the failing line."""
     if not commands:
         return
-    cp = subprocess.run(["tc", "-batch", "-"], input="".join(" ".join(c) + "\n" for c in commands),
+    cp = subprocess.run([*tc_argv(netns), "-batch", "-"], input="".join(" ".join(c) + "\n" for c in commands),
                         capture_output=True, text=True, timeout=30)
     if cp.returncode:
         raise LarkError(f"tc refused a change: {cp.stderr.strip()[-400:]}", obj=what,
@@ -185,13 +190,14 @@ def tc_batch(commands: list[list[str]], what: str) -> None:
                             "the next change and at reconciliation")
 
 
-def tc_read(dev: str) -> TcState:
+def tc_read(dev: str, netns: str = "") -> TcState:
     def show(kind: str) -> str:
-        cp = subprocess.run(["tc", *(["-json"] if kind == "filter" else []), kind, "show", "dev", dev],
+        cp = subprocess.run([*tc_argv(netns), *(["-json"] if kind == "filter" else []), kind, "show", "dev", dev],
                             capture_output=True, text=True, timeout=30)
         if cp.returncode:
             raise LarkError(f"tc cannot read its {kind}es: {cp.stderr.strip()}", obj=f"WAN port {dev}",
-                            fix="run the controller on the switch host, in the WAN ports' network namespace")
+                            fix="run the controller on the switch host, in the WAN ports' network namespace "
+                                "(or name it in [wan] tc_netns)")
         return cp.stdout
     return TcState(parse_classes(show("class")), parse_filters(show("filter")))
 
@@ -331,11 +337,11 @@ class WanQueues:
                     if addrs:
                         jobs[e.cookie] = JobQueue(group_class(group), frozenset(addrs),
                                                   self.plan.rate_mbit((group, p)))
-                state = tc_read(dev)
+                state = tc_read(dev, self.app.cfg.wan_tc_netns)
                 owned = self.owned.setdefault(p, set())
                 cmds, self.leaves[p] = plan_port(dev, jobs, state, self.leaves.get(p, {}), owned, everything)
                 if cmds:
-                    tc_batch(cmds, f"WAN port {dev}")
+                    tc_batch(cmds, f"WAN port {dev}", self.app.cfg.wan_tc_netns)
                     log.info("WAN port %s: tc classification now %d jobs (%d commands)", dev, len(jobs), len(cmds))
 
     # -- life cycle (the hooks WanMeters has) --------------------------------------------------------------

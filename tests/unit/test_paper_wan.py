@@ -161,3 +161,13 @@ def test_fair_link_has_one_class_per_source_and_redirects_everything_from_the_sw
     assert any(c[:3] == ["tc", "qdisc", "add"] and "tbf" in c for c in fifo) and not any("htb" in c for c in fifo)
     with pytest.raises(ValueError):
         bench.link_commands("wfq", [])
+
+
+def test_queue_mechanism_names_the_pools_ovsdb_and_the_cores_namespace():
+    """The controller runs in the CM's namespace: queues need the core switch's OVSDB and its namespace for tc."""
+    from lark.controller.config import from_mapping
+    text = bench.wan_policies({"cms": 250, "other": 100}, "queue", **bench.queue_place(pool))
+    cfg = from_mapping(tomllib.loads(pool.controller_config(text)), base_dir=str(pool.POOL))
+    assert cfg.wan_mechanism == "queue" and cfg.wan_ovsdb == f"unix:{pool.OVS_DIR}/db.sock"
+    assert cfg.wan_tc_netns == "lark-pool-core"
+    assert "tc_netns" not in bench.wan_policies({"cms": 250, "other": 100}, "meter", **bench.queue_place(pool))

@@ -315,3 +315,14 @@ def test_queue_plan_makes_a_class_and_filter_per_job_and_removes_only_what_it_ow
     assert ["filter", "del", "dev", "wan0", "parent", "1:", "protocol", "ip", "prio", "19456", "handle", "800::800",
             "u32"] in cmds
     assert cmds[-1][-3:] == ["10.77.1.1/32", "flowid", "1:f002"]
+
+
+def test_tc_runs_in_the_named_netns_of_the_wan_ports_and_a_path_is_refused():
+    from lark.controller import wan_queue
+    from lark.controller.config import from_mapping
+    from lark.errors import LarkError
+    assert wan_queue.tc_argv("") == ["tc"] and wan_queue.tc_argv("core") == ["tc", "-netns", "core"]
+    base = {"switch": {"wan_ports": ["wan0"], "site_prefixes": ["10.0.0.0/8"]}}
+    with pytest.raises(LarkError, match="wan.tc_netns"):
+        from_mapping({**base, "wan": {"tc_netns": "/run/netns/core"}}, base_dir="/")
+    assert from_mapping({**base, "wan": {"tc_netns": "core"}}, base_dir="/").wan_tc_netns == "core"
