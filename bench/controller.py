@@ -102,7 +102,7 @@ def larkd_client_registrations(pool: SdnPool) -> list[float]:
     from lark.config import Config
     from lark.daemon.controller_client import ControllerClient
     from lark.kernel import netns as nsutil
-    from lark.plan import NetworkPlan
+    from lark.plan import Addresses, JobNetwork, NetworkPlan
     cfg = Config(controller_url=f"https://127.0.0.1:{pool.api_port}", controller_ca=str(pool.tls / "ca.pem"),
                  controller_cert=str(pool.tls / "ep1.pem"), controller_key=str(pool.tls / "ep1.key"),
                  controller_timeout=5.0).validate()
@@ -113,8 +113,9 @@ def larkd_client_registrations(pool: SdnPool) -> list[float]:
         with nsutil.entered(fd):   # the controller listens on the core netns' loopback
             for i in range(N_REG):
                 r = fake_reg(40000 + i)
-                plan = NetworkPlan(job_id=r["job_id"], slot=f"slot{i}", key=r["key"], network_type="bridge",
-                                   owner=r["owner"], accounting_group=r["accounting_group"], ipv4=r["addresses"][0])
+                plan = JobNetwork(NetworkPlan(job_id=r["job_id"], slot=f"slot{i}", key=r["key"], network_type="bridge",
+                                              owner=r["owner"], accounting_group=r["accounting_group"]),
+                                  Addresses(ipv4=r["addresses"][0]))
                 t = time.perf_counter()
                 client.register(plan, r["mac"])   # raises unless acknowledged (controller_failure = closed)
                 times.append((time.perf_counter() - t) * 1000)
