@@ -7,7 +7,7 @@ user, one after the other, and stops the pool (also on failure):
   1. "lark":  the pool's normal configuration: the STARTER wrapper (lark-starter) gives every job an empty netns,
      the PREPARE_JOB hook asks larkd for the job's plan, the USER_JOB_WRAPPER (lark-job-wrapper) has larkd build
      the job's network (bridge mode, static address, limits, counters, controller registration) before it execs
-     /bin/true, and the JOB_EXIT hook reports the final counters.
+     /bin/true, and the JOB_EXIT hook waits while larkd pushes the final counters to the schedd.
   2. "plain": the same EPs after a drop-in (NO_LARK_CONF) and `condor_reconfig`: STARTER is the real
      condor_starter, USER_JOB_WRAPPER and STARTER_JOB_HOOK_KEYWORD are empty. So the job start path runs no Lark
      code at all: no starter wrapper, no hook, no job wrapper; the job runs in the EP's own network namespace as
