@@ -178,6 +178,13 @@ def tc_argv(netns: str = "") -> list[str]:
     return ["tc", "-netns", netns] if netns else ["tc"]
 
 
+def device_exists(dev: str, netns: str = "") -> bool:
+    if not netns:
+        return os.path.exists(f"/sys/class/net/{dev}")
+    cp = subprocess.run(["ip", "-netns", netns, "link", "show", "dev", dev], capture_output=True, timeout=10)
+    return cp.returncode == 0
+
+
 def tc_batch(commands: list[list[str]], what: str, netns: str = "") -> None:
     """All commands in one `tc -batch` (argv lists, no shell); an error names the object and the failing line."""
     if not commands:
@@ -312,12 +319,15 @@ class WanQueues:
         if self.db is None:
             return []
         ports = [p for p in range(len(self.plan.wan_ports)) if self._datapath(p) == "netdev"]
+        netns = self.app.cfg.wan_tc_netns
         for p in ports:
-            if not os.path.exists(f"/sys/class/net/{self.plan.port_name(p)}"):
-                raise LarkError("is on a userspace datapath, which ignores set_queue, and its device is not in the "
-                                "controller's network namespace, so the controller cannot classify by tc",
+            if not device_exists(self.plan.port_name(p), netns):
+                where = f"network namespace {netns}" if netns else "controller's network namespace"
+                raise LarkError(f"is on a userspace datapath, which ignores set_queue, and its device is not in the "
+                                f"{where}, so the controller cannot classify by tc",
                                 obj=f"WAN port {self.plan.port_name(p)}",
-                                fix='run lark-controller on the switch host, or use [wan] mechanism = "meter"')
+                                fix='run lark-controller on the switch host (name the WAN ports\' namespace in [wan] '
+                                    'tc_netns if it is another), or use [wan] mechanism = "meter"')
         return ports
 
     def classify(self, everything: bool = False) -> None:
