@@ -70,6 +70,7 @@ class TcState:
     """Lark's part of the tc state on one WAN port: its job classes (minor -> parent minor) and its filters."""
     classes: dict[int, int] = field(default_factory=dict)
     filters: list[TcFilter] = field(default_factory=list)
+    ceils: dict[int, float] = field(default_factory=dict)   # job class minor -> its ceil, bit/s (when read)
 
 
 def _minor(handle: str) -> int:
@@ -84,6 +85,19 @@ def parse_classes(text: str) -> dict[int, int]:
         minor = int(m.group(1), 16)
         if LEAF_FIRST <= minor <= LEAF_LAST:
             out[minor] = int(m.group(2), 16)
+    return out
+
+
+UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+
+
+def parse_ceils(text: str) -> dict[int, float]:
+    """`tc class show` -> job class minor -> ceil in bit/s (so a group's new rate reaches its jobs' classes)."""
+    out = {}
+    for m in re.finditer(r"^class htb 1:([0-9a-f]+) parent .*? ceil ([0-9.]+)([KMGT]?bit)", text, re.M):
+        minor = int(m.group(1), 16)
+        if LEAF_FIRST <= minor <= LEAF_LAST:
+            out[minor] = float(m.group(2)) * UNITS[m.group(3).lower()]
     return out
 
 
@@ -141,6 +155,12 @@ def plan_port(dev: str, jobs: dict[int, JobQueue], state: TcState, leaves: dict[
     free = (m for m in range(LEAF_FIRST, LEAF_LAST + 1) if m not in state.classes and m not in taken)
     adds, f_del, f_add, c_del = [], [], [], []
     for cookie, jq in jobs.items():
+        ceil = state.ceils.get(new.get(cookie, -1))
+        if ceil is not None and abs(ceil - jq.ceil_mbit * 1e6) > 0.01 * jq.ceil_mbit * 1e6:
+            # The group's rate changed (config reload, controller restart): its jobs' classes follow.
+            adds.append(["class", "change", "dev", dev, "parent", f"1:{jq.group_class:x}", "classid",
+                         f"1:{new[cookie]:x}", "htb", "rate", LEAF_RATE, "ceil", f"{jq.ceil_mbit:g}mbit", "cburst",
+                         f"{burst_bytes(jq.ceil_mbit * 1e6)}b", "quantum", QUANTUM])
         if cookie not in new:
             try:
                 new[cookie] = minor = next(free)
@@ -206,7 +226,8 @@ def tc_read(dev: str, netns: str = "") -> TcState:
                             fix="run the controller on the switch host, in the WAN ports' network namespace "
                                 "(or name it in [wan] tc_netns)")
         return cp.stdout
-    return TcState(parse_classes(show("class")), parse_filters(show("filter")))
+    classes = show("class")
+    return TcState(parse_classes(classes), parse_filters(show("filter")), parse_ceils(classes))
 
 
 class WanQueues:

@@ -326,3 +326,17 @@ def test_tc_runs_in_the_named_netns_of_the_wan_ports_and_a_path_is_refused():
     with pytest.raises(LarkError, match="wan.tc_netns"):
         from_mapping({**base, "wan": {"tc_netns": "/run/netns/core"}}, base_dir="/")
     assert from_mapping({**base, "wan": {"tc_netns": "core"}}, base_dir="/").wan_tc_netns == "core"
+
+
+def test_a_groups_new_rate_reaches_the_classes_of_its_jobs():
+    """Group rates change with the config (the paper_wan bench goes 250 -> 900 Mbit/s for cms): an adopted job
+    class under the group keeps its old ceil unless it is changed, and held the job at the old rate."""
+    from lark.controller.wan_queue import parse_ceils
+    state = TcState(parse_classes(CLASSES), parse_filters(FILTERS), parse_ceils(CLASSES))
+    assert state.ceils == {0xF001: 20e6}
+    same = plan_port("wan0", {11: JobQueue(2, frozenset({"10.77.1.1", "fd77::1"}), 20)}, state, {}, set())[0]
+    assert not [c for c in same if c[:2] == ["class", "change"]]
+    cmds, leaves = plan_port("wan0", {11: JobQueue(2, frozenset({"10.77.1.1", "fd77::1"}), 900)}, state, {}, set())
+    assert leaves == {11: 0xF001}
+    assert ["class", "change", "dev", "wan0", "parent", "1:2", "classid", "1:f001", "htb", "rate", "8kbit", "ceil",
+            "900mbit", "cburst", "1125000b", "quantum", "1514"] in cmds
