@@ -91,9 +91,11 @@ def wan_policies(rates: dict[str, float] | None, mechanism: str | None = "meter"
     """The controller's policy sections: none (management off), or the cms group and the catch-all, with
     `[wan] mechanism` unless `mechanism` is None (a controller that predates the key: meters). Queues need the
     core switch's OVSDB and, the controller running in the CM's namespace, the WAN ports' namespace for tc."""
-    if not rates:
-        return ""
     queue = (f'ovsdb = "{ovsdb}"\ntc_netns = "{tc_netns}"\n' if mechanism == "queue" else "")
+    if not rates:
+        # Management off. Queues (unlike meters) are the switch's OVSDB rows and tc classes: a controller that
+        # still runs the queue mechanism, with no group, is what removes Lark's at its next switch connect.
+        return f'\n[wan]\nmechanism = "queue"\n{queue}' if mechanism == "queue" else ""
     return (f'\n[[wan_group]]\nname = "cms"\nselect = \'AcctGroup =?= "cms"\'\nrate_mbit = {rates["cms"]}\n'
             f'\n[[wan_group]]\nname = "other"\nselect = \'true\'\nrate_mbit = {rates["other"]}\n'
             '\n[wan]\nunmatched = "pass"\n' + (f'mechanism = "{mechanism}"\n' if mechanism else "") + queue)
@@ -482,6 +484,21 @@ class Bench:
         if rates is None and self.args.mechanism == "meter" and meters:
             raise RuntimeError(f"management off but the switch still has meters: {meters}")
         log.info("switch meters: %s", "; ".join(m.strip() for m in meters) or "none")
+        if self.args.mechanism == "queue":
+            queues, deadline = self.switch_queues(), time.monotonic() + 15
+            while rates is None and queues and time.monotonic() < deadline:   # removed at the switch's connect
+                time.sleep(0.5)
+                queues = self.switch_queues()
+            if rates is None and queues:
+                raise RuntimeError(f"management off but the switch still has Lark's queues: {queues}")
+            log.info("switch queues: %s", queues or "none")
+
+    def switch_queues(self) -> str:
+        """Lark's Queue rows on the core switch (the controller marks them lark-owner=controller)."""
+        pool = self.pool
+        cp = pool.vsctl("--columns=external_ids,other_config", "find", "Queue",
+                        "external_ids:lark-owner=controller", check=False)
+        return " ".join(cp.stdout.split())
 
     # -- jobs
     def submit(self, j: Job) -> None:

@@ -171,3 +171,11 @@ def test_queue_mechanism_names_the_pools_ovsdb_and_the_cores_namespace():
     assert cfg.wan_mechanism == "queue" and cfg.wan_ovsdb == f"unix:{pool.OVS_DIR}/db.sock"
     assert cfg.wan_tc_netns == "lark-pool-core"
     assert "tc_netns" not in bench.wan_policies({"cms": 250, "other": 100}, "meter", **bench.queue_place(pool))
+
+
+def test_management_off_with_queues_keeps_the_mechanism_so_the_controller_removes_them():
+    from lark.controller.config import from_mapping
+    off = bench.wan_policies(None, "queue", **bench.queue_place(pool))
+    cfg = from_mapping(tomllib.loads(pool.controller_config(off)), base_dir=str(pool.POOL))
+    assert cfg.wan_groups == [] and cfg.wan_mechanism == "queue" and cfg.wan_tc_netns == "lark-pool-core"
+    assert bench.wan_policies(None, "meter", **bench.queue_place(pool)) == ""
