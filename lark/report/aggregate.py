@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..errors import LarkError
-from .fields import HIT_LIMIT_SHARE
+from .fields import HIT_LIMIT_SHARE, extra_key
 
 # `--by` names -> SQL over the jobs table. Anything else is a job attribute kept at import (json in `extra`).
 GROUPS = {
@@ -61,7 +61,9 @@ def group_sql(name: str) -> str:
     if not ATTR_RE.fullmatch(name.strip()):
         raise LarkError(f"cannot group by {name!r}", obj="--by",
                         fix=f"use one of {', '.join(sorted(set(GROUPS)))} or a job attribute name")
-    return f"json_extract(extra, '$.{name.strip()}')"
+    # Kept attributes are stored under their name in lower case (fields.extra_key): `--by projectname` and
+    # `--by ProjectName` are the same attribute, as in ClassAds.
+    return f"json_extract(extra, '$.{extra_key(name)}')"
 
 
 def parse_when(text: str | None, what: str) -> int | None:

@@ -53,7 +53,7 @@ class Cache:
         ep: list[tuple] = []
         with self.db:
             for r in rows:
-                (ep if r.values[1] == "ep" else hist).append(r.values)
+                (ep if r[1] == "ep" else hist).append(r)
                 n += 1
                 if len(hist) >= batch:
                     self.db.executemany(_UPSERT_HISTORY, hist)
