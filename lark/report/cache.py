@@ -20,6 +20,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     extra TEXT);
 CREATE INDEX IF NOT EXISTS jobs_completed ON jobs(completed);
 CREATE TABLE IF NOT EXISTS marks (source TEXT PRIMARY KEY, a INTEGER, b INTEGER);
+CREATE TABLE IF NOT EXISTS heads (source TEXT NOT NULL, gid TEXT NOT NULL);
 """
 _INSERT = f"INSERT INTO jobs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 # History replaces whatever was there; an EP record fills in only until the job's history arrives.
@@ -75,6 +76,15 @@ class Cache:
         with self.db:
             self.db.execute("INSERT INTO marks (source, a, b) VALUES (?, ?, ?) ON CONFLICT(source) DO UPDATE SET "
                             "a = excluded.a, b = excluded.b", (source, a, b))
+
+    def heads(self, source: str) -> list[str]:
+        """The newest jobs the last run read from a schedd (where the next scan stops)."""
+        return [g for g, in self.db.execute("SELECT gid FROM heads WHERE source = ? ORDER BY rowid", (source,))]
+
+    def set_heads(self, source: str, gids: list[str]) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM heads WHERE source = ?", (source,))
+            self.db.executemany("INSERT INTO heads (source, gid) VALUES (?, ?)", [(source, g) for g in gids])
 
     def count(self) -> int:
         return self.db.execute("SELECT count(*) FROM jobs").fetchone()[0]

@@ -199,13 +199,22 @@ def schedds(pool: str | None, name: str | None) -> list[tuple[str, Any]]:
                         fix="check COLLECTOR_HOST, or read a history file with --history-file") from None
 
 
-def schedd_history(schedd, since_time: int | None, attrs: list[str]) -> Iterator[dict]:
-    """History ads of one schedd, newest first, down to (not including) jobs that left the queue before
-    `since_time`; overlap with the previous run is harmless (the cache is keyed by GlobalJobId)."""
+def classad_string(text: str) -> str:
+    """A ClassAd string literal (new syntax: backslash escapes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def since_jobs(gids: list[str]) -> str | None:
+    """The `since` expression that stops a schedd's history scan at any of these jobs."""
+    return " || ".join(f"GlobalJobId == {classad_string(g)}" for g in gids) or None
+
+
+def schedd_history(schedd, known: list[str], attrs: list[str]) -> Iterator[dict]:
+    """History ads of one schedd, newest first, down to (not including) the first of the jobs `known` (the
+    newest of the last run); all of them when none is known."""
     constraint = "NetworkIncomingBytes =!= undefined || NetworkOutgoingBytes =!= undefined"
-    since = f"EnteredCurrentStatus < {int(since_time)}" if since_time else None
     try:
-        ads = schedd.history(constraint=constraint, projection=attrs, since=since)
+        ads = schedd.history(constraint=constraint, projection=attrs, since=since_jobs(known))
     except Exception as e:
         raise LarkError(f"history query failed: {e}", obj="schedd",
                         fix="check that this host may read the schedd (ALLOW_READ)") from None
