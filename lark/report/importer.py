@@ -32,7 +32,7 @@ def _workers() -> int:
 _matchers: dict[tuple[str, ...], sources.AttrMatcher] = {}
 
 
-def parse_piece(path: str, start: int, stop: int | None, extra: list[str]) -> tuple[list[Row], int]:
+def parse_piece(path: str, start: int, stop: int | None, extra: list[str]) -> tuple[list[tuple], int]:
     """Cache rows of the complete ads of a history file in [start, stop), and the offset after the last."""
     names = tuple(CORE_ATTRS + extra)
     matcher = _matchers.get(names) or _matchers.setdefault(names, sources.AttrMatcher(list(names)))
@@ -44,7 +44,7 @@ def parse_piece(path: str, start: int, stop: int | None, extra: list[str]) -> tu
     return rows, end
 
 
-def _parse_piece(args: tuple) -> tuple[list[Row], int]:
+def _parse_piece(args: tuple) -> tuple[list[tuple], int]:
     return parse_piece(*args)
 
 
@@ -69,7 +69,7 @@ def import_history_file(cache: Cache, path: str, extra_attrs: list[str] | None =
         # fork: the workers need nothing but this module (spawn and forkserver would run the caller's main
         # module again); they never touch the cache this process has open, and this process has no threads.
         with multiprocessing.get_context("fork").Pool(workers) as pool:
-            def rows() -> Iterator[Row]:
+            def rows() -> Iterator[tuple]:
                 for got, end in pool.imap(_parse_piece, pieces):   # in file order: a later ad replaces
                     last[0] = max(last[0], end)
                     yield from got

@@ -444,3 +444,18 @@ def test_history_file_read_in_small_blocks_gives_the_same_ads(tmp_path):
     text = f.read_bytes()
     assert all(text[:end].endswith(b"\n") and text[:end].rstrip().splitlines()[-1].startswith(b"***")
                for _, end in pieces)
+
+
+def test_cache_from_before_lower_case_names_is_upgraded(tmp_path):
+    c = Cache(str(tmp_path / "c.sqlite"))
+    add_ads(c, [ad(1)])
+    c.db.execute("""UPDATE jobs SET extra = '{"ProjectName":"lhc","JobUniverse":5}'""")
+    c.db.execute("PRAGMA user_version = 0")
+    c.db.commit()
+    c.close()
+    c = Cache(str(tmp_path / "c.sqlite"))
+    try:
+        assert [r["projectname"] for r in aggregate.summarise(c.db, ["projectname"]).rows] == ["lhc"]
+        assert c.db.execute("SELECT extra FROM jobs").fetchone()[0] == '{"jobuniverse":5,"projectname":"lhc"}'
+    finally:
+        c.close()
