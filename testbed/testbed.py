@@ -157,6 +157,27 @@ def runtime_requirements() -> list[str]:
             if "extra ==" not in r and not r.startswith("htcondor")]
 
 
+def extra_requirements(extra: str) -> list[str]:
+    """An extra of setup.py (e.g. `report`: matplotlib for `lark report --html`)."""
+    import importlib.metadata
+    return [r.split(";")[0].strip() for r in importlib.metadata.requires("htcondor-lark") or []
+            if re.search(rf"extra\s*==\s*['\"]{re.escape(extra)}['\"]", r)]
+
+
+def _root_wheel_tags(env: dict) -> list[str]:
+    """pip download options for wheels the root's Python can install (it is newer than the host's, and
+    compiled wheels such as matplotlib's must match it): its version, ABI and glibc's manylinux tags."""
+    out = run(["chroot", str(ROOT), "python3", "-c", "import platform, sys; "
+               "print(f'{sys.version_info[0]}{sys.version_info[1]}', platform.libc_ver()[1], platform.machine())"],
+              env=env).stdout.split()
+    ver, glibc, arch = out[0], int(out[1].split(".")[1]), out[2]
+    tags = ["--python-version", ver, "--implementation", "cp", "--abi", f"cp{ver}", "--abi", "abi3",
+            "--abi", "none", "--platform", f"manylinux2014_{arch}"]
+    for minor in range(17, glibc + 1):
+        tags += ["--platform", f"manylinux_2_{minor}_{arch}"]
+    return tags
+
+
 def install() -> None:
     if not BUILD_STAMP.exists():
         raise SystemExit("testbed: not built; run `testbed.py build` first")
@@ -187,6 +208,15 @@ def install() -> None:
              str(ROOT / "opt/lark-wheels"), *needs])
         run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
              "/opt/lark-wheels", *needs], env=env)
+    # The `report` extra too, so `lark report --html` runs in the root as on a submit host. Its wheels are
+    # compiled (matplotlib, numpy, pillow...): fetched for the root's Python and glibc.
+    report = extra_requirements("report")
+    if report and run(["chroot", str(ROOT), "/opt/lark/bin/python", "-c", "import matplotlib"],
+                      check=False, env=env).returncode != 0:
+        run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", *_root_wheel_tags(env), "-d",
+             str(ROOT / "opt/lark-wheels"), *report])
+        run(["chroot", str(ROOT), "/opt/lark/bin/pip", "install", "-q", "--no-index", "--find-links",
+             "/opt/lark-wheels", *report], env=env)
     # The wheel is built by the host's pip (setuptools is there); the chroot installs it offline.
     wheels = ROOT / "opt/lark-wheels"
     for old in [*wheels.glob("lark-*.whl"), *wheels.glob("htcondor_lark-*.whl")]:

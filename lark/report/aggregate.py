@@ -8,7 +8,14 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from ..errors import LarkError
-from .fields import HIT_LIMIT_SHARE
+from .fields import HIT_LIMIT_SHARE, extra_key
+
+# ISO 8601 week (`2026-W53`; weeks start on Monday, week 1 holds the year's first Thursday, so the days
+# around New Year belong to the week of their Thursday). SQLite before 3.46 has no %V: the week of a day is the
+# week of its Thursday, counted from that Thursday's year.
+_THURSDAY = "(completed + (3 - (CAST(strftime('%w', completed, 'unixepoch') AS INTEGER) + 6) % 7) * 86400)"
+ISO_WEEK = (f"printf('%s-W%02d', strftime('%Y', {_THURSDAY}, 'unixepoch'), "
+            f"(CAST(strftime('%j', {_THURSDAY}, 'unixepoch') AS INTEGER) - 1) / 7 + 1)")
 
 # `--by` names -> SQL over the jobs table. Anything else is a job attribute kept at import (json in `extra`).
 GROUPS = {
@@ -16,7 +23,7 @@ GROUPS = {
     "ep": "ep", "machine": "ep", "lastremotehost": "ep", "networktype": "network_type", "type": "network_type",
     "larknetworktype": "network_type",
     "day": "strftime('%Y-%m-%d', completed, 'unixepoch')",
-    "week": "strftime('%Y-W%W', completed, 'unixepoch')",
+    "week": ISO_WEEK,
     "month": "strftime('%Y-%m', completed, 'unixepoch')",
 }
 ATTR_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
@@ -61,7 +68,9 @@ def group_sql(name: str) -> str:
     if not ATTR_RE.fullmatch(name.strip()):
         raise LarkError(f"cannot group by {name!r}", obj="--by",
                         fix=f"use one of {', '.join(sorted(set(GROUPS)))} or a job attribute name")
-    return f"json_extract(extra, '$.{name.strip()}')"
+    # Kept attributes are stored under their name in lower case (fields.extra_key): `--by projectname` and
+    # `--by ProjectName` are the same attribute, as in ClassAds.
+    return f"json_extract(extra, '$.{extra_key(name)}')"
 
 
 def parse_when(text: str | None, what: str) -> int | None:

@@ -5,12 +5,17 @@ the same job (history is the source of truth), and an EP record never replaces a
 """
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sqlite3
 from typing import Iterable
 
 from ..errors import LarkError
-from .fields import COLUMNS, Row
+from .fields import COLUMNS, Row, extra_json, extra_key
+
+log = logging.getLogger(__name__)
+SCHEMA_VERSION = 1
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS jobs (
@@ -20,6 +25,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     extra TEXT);
 CREATE INDEX IF NOT EXISTS jobs_completed ON jobs(completed);
 CREATE TABLE IF NOT EXISTS marks (source TEXT PRIMARY KEY, a INTEGER, b INTEGER);
+CREATE TABLE IF NOT EXISTS heads (source TEXT NOT NULL, gid TEXT NOT NULL);
 """
 _INSERT = f"INSERT INTO jobs ({', '.join(COLUMNS)}) VALUES ({', '.join('?' * len(COLUMNS))})"
 # History replaces whatever was there; an EP record fills in only until the job's history arrives.
@@ -42,18 +48,34 @@ class Cache:
         # The cache can be rebuilt from history at any time: trade durability for import speed.
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = OFF")
+        self.db.execute("PRAGMA cache_size = -65536")   # 64 MiB: the key index of a million jobs stays in memory
+        self._upgrade()
+
+    def _upgrade(self) -> None:
+        """Version 1 stores kept attributes under their lower-case name (fields.extra_key); a cache written
+        before keeps the ad's spelling, which `--by` in another case would not find."""
+        if self.db.execute("PRAGMA user_version").fetchone()[0] >= SCHEMA_VERSION:
+            return
+        with self.db:
+            old = self.db.execute("SELECT gid, extra FROM jobs WHERE extra IS NOT NULL").fetchall()
+            self.db.executemany("UPDATE jobs SET extra = ? WHERE gid = ?", [
+                (extra_json(sorted({extra_key(k): v for k, v in json.loads(e).items() if v is not None}.items())),
+                 gid) for gid, e in old])
+            self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        if old:
+            log.info("report cache %s: %d jobs' kept attributes stored under lower-case names", self.path, len(old))
 
     def close(self) -> None:
         self.db.close()
 
-    def add(self, rows: Iterable[Row], batch: int = 20000) -> int:
+    def add(self, rows: Iterable[Row | tuple], batch: int = 20000) -> int:
         """Store rows (history rows upsert; EP rows only fill gaps); returns how many were offered."""
         n = 0
         hist: list[tuple] = []
         ep: list[tuple] = []
         with self.db:
             for r in rows:
-                (ep if r.values[1] == "ep" else hist).append(r.values)
+                (ep if r[1] == "ep" else hist).append(r)
                 n += 1
                 if len(hist) >= batch:
                     self.db.executemany(_UPSERT_HISTORY, hist)
@@ -75,6 +97,15 @@ class Cache:
         with self.db:
             self.db.execute("INSERT INTO marks (source, a, b) VALUES (?, ?, ?) ON CONFLICT(source) DO UPDATE SET "
                             "a = excluded.a, b = excluded.b", (source, a, b))
+
+    def heads(self, source: str) -> list[str]:
+        """The newest jobs the last run read from a schedd (where the next scan stops)."""
+        return [g for g, in self.db.execute("SELECT gid FROM heads WHERE source = ? ORDER BY rowid", (source,))]
+
+    def set_heads(self, source: str, gids: list[str]) -> None:
+        with self.db:
+            self.db.execute("DELETE FROM heads WHERE source = ?", (source,))
+            self.db.executemany("INSERT INTO heads (source, gid) VALUES (?, ?)", [(source, g) for g in gids])
 
     def count(self) -> int:
         return self.db.execute("SELECT count(*) FROM jobs").fetchone()[0]

@@ -28,8 +28,8 @@ def add_parser(sub) -> None:
     src.add_argument("--attr", action="append", default=[], metavar="ATTR",
                      help="keep this job attribute at import so --by can use it (repeatable)")
     p.add_argument("--cache", default=DEFAULT_CACHE, help=f"SQLite cache (default {DEFAULT_CACHE})")
-    p.add_argument("--by", default="Owner", help="comma list of Owner, AcctGroup, EP, NetworkType, day, week, "
-                   "month, or job attributes (default Owner)")
+    p.add_argument("--by", default="Owner", help="comma list of Owner, AcctGroup, EP, NetworkType, day, week "
+                   "(ISO, 2026-W45), month, or job attributes in any case (default Owner)")
     p.add_argument("--since", help="jobs completed at or after (2026-11-01, UTC)")
     p.add_argument("--until", help="jobs completed before")
     fmt = p.add_mutually_exclusive_group()
@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         aggregate.group_sql(b)   # a bad --by fails before any import
     since = aggregate.parse_when(args.since, "--since")
     until = aggregate.parse_when(args.until, "--until")
+    if args.html:
+        output.require_matplotlib()   # before a long import, not after it
     cache = Cache(args.cache)
     try:
         if not args.no_import:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -19,8 +20,9 @@ DEFAULT_EXTRA_ATTRS = ["JobBatchName", "ProjectName", "x509UserProxyVOName", "Jo
 
 
 def extra_attributes(more: list[str] | None) -> list[str]:
-    """The job attributes kept for grouping: the defaults and `--attr` ones, each once, sorted."""
-    return sorted(set(DEFAULT_EXTRA_ATTRS) | set(more or []))
+    """The job attributes kept for grouping: the defaults and `--attr` ones, each once whatever its case
+    (extra_key form, sorted)."""
+    return sorted({extra_key(a) for a in [*DEFAULT_EXTRA_ATTRS, *(more or [])] if a.strip()})
 
 
 # A job "hit its limit" when its peak rate in either direction reached this share of the limit: the shaper
@@ -33,22 +35,23 @@ COLUMNS = ["gid", "source", "owner", "acct_group", "ep", "network_type", "comple
            "limit_mbit", "request_mbit", "extra"]
 
 
-@dataclass(frozen=True)
-class Row:
-    values: tuple
+class Row(tuple):
+    """One cache row: the values of COLUMNS, in order (a tuple: a million of them are built per import)."""
+    __slots__ = ()
+
+    @property
+    def values(self) -> tuple:
+        return self
 
     @property
     def gid(self) -> str:
-        return self.values[0]
+        return self[0]
 
 
-# One encoder for every row: json.dumps with options builds a new encoder per call, a quarter of the row cost.
-_encode_extra = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str).encode
-
-
-class RawAd(dict):
-    """Attribute -> ClassAd literal text, as a history file has it (`"alice"`, `12`, `1.5e3`): row_from_ad
-    decodes only the values it uses, each by the type it needs (int("12") costs a tenth of a literal parse)."""
+def extra_key(name: str) -> str:
+    """How a kept attribute is stored and found: ClassAd names are case-insensitive, so `--by projectname`,
+    `--attr PROJECTNAME` and an ad's `ProjectName` are one attribute."""
+    return name.strip().lower()
 
 
 _NUMERIC_START = frozenset("-0123456789.")
@@ -90,48 +93,17 @@ def _num(v: Any, cast=float) -> Any:
 
 
 def _int0(v: Any) -> int:
-    """An integer figure, 0 when absent or not a number (the fast path first: importing a million ads
-    calls this ten million times). Literal text from a history file converts the same way."""
-    if type(v) is int:
-        return v
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return _num(decode_literal(v) if type(v) is str else v, int) or 0
+    return v if type(v) is int else _num(v, int) or 0
 
 
 def _float0(v: Any) -> float:
     if type(v) in (float, int):
         return float(v)
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return _num(decode_literal(v) if type(v) is str else v) or 0.0
-
-
-def _opt_float(v: Any) -> float | None:
-    """A figure that may be absent (a limit, a request): None stays None, also for `undefined` text."""
-    if v is None or isinstance(v, bool):
-        return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return _num(decode_literal(v) if type(v) is str else v)
+    return _num(v) or 0.0
 
 
 def _text(v: Any) -> str:
     return "" if v is None else v if type(v) is str else str(v)
-
-
-def _raw_text(v: str | None) -> str:
-    """A string literal of old ClassAd syntax: quotes off; `\\"` (its only escape) back to a quote."""
-    if v is None:
-        return ""
-    if len(v) > 1 and v[0] == '"' and v[-1] == '"':
-        inner = v[1:-1]
-        return inner.replace('\\"', '"') if "\\" in inner else inner
-    value = decode_literal(v)
-    return "" if value is None else str(value)
 
 
 def ep_of(remote_host: str) -> str:
@@ -139,31 +111,133 @@ def ep_of(remote_host: str) -> str:
     return remote_host.rpartition("@")[2] if remote_host else ""
 
 
+# One encoder for what is not a plain string or number (json.dumps with options builds an encoder per call).
+_encode_other = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode
+_encode_str = json.encoder.encode_basestring   # the C one when available
+
+
+def _json_value(v: Any) -> str:
+    t = type(v)
+    if t is str:
+        return _encode_str(v)
+    if t is int or t is float and math.isfinite(v):
+        return repr(v)
+    return _encode_other(v)
+
+
+def extra_json(kept: list[tuple[str, Any]]) -> str | None:
+    """The kept attributes as the JSON object stored in `extra` ((extra_key, value) pairs, sorted, no None):
+    built here rather than by json.dumps, which costs a new encoder per call."""
+    if not kept:
+        return None
+    return "{" + ",".join(f'"{k}":{_json_value(v)}' for k, v in kept) + "}"
+
+
 def row_from_ad(ad: Mapping[str, Any], source: str, extra_attrs: list[str]) -> Row | None:
-    """One cache row from a history ad: plain values (sources.ad_values of a classad2.ClassAd), or a RawAd
-    of literal text from a history file. None for ads Lark never networked (no Network* figures) or without
-    GlobalJobId."""
-    get = ad.get
-    raw = type(ad) is RawAd
-    text = _raw_text if raw else _text
-    gid = text(get("GlobalJobId"))
-    b_in, b_out = get("NetworkIncomingBytes"), get("NetworkOutgoingBytes")
+    """One cache row from a job ad as plain values (sources.ad_values of a classad2.ClassAd, whose names keep
+    the ad's spelling: found here in any case). None for ads Lark never networked (no Network* figures) or
+    without GlobalJobId."""
+    get = {k.lower(): v for k, v in ad.items()}.get
+    gid = _text(get("globaljobid"))
+    b_in, b_out = get("networkincomingbytes"), get("networkoutgoingbytes")
     if not gid or b_in is None and b_out is None:
         return None
-    completed = _int0(get("CompletionDate")) or _int0(get("EnteredCurrentStatus"))
-    extra = {a: ad[a] for a in extra_attrs if get(a) is not None}
-    if extra and raw:
-        extra = {a: decode_literal(v) for a, v in extra.items()}
+    kept = [(a, v) for a in sorted({extra_key(a) for a in extra_attrs}) if (v := get(a)) is not None]
     return Row((
-        gid, source, text(get("Owner")), text(get("AcctGroup")) or text(get("AccountingGroup")),
-        ep_of(text(get("LastRemoteHost")) or text(get("RemoteHost"))),
-        text(get("LarkNetworkType")), completed, _opt_float(get("RemoteWallClockTime")),
-        _int0(b_in), _int0(b_out), _int0(get("NetworkIncomingPackets")), _int0(get("NetworkOutgoingPackets")),
-        _float0(get("NetworkIncomingAvgRate")), _float0(get("NetworkOutgoingAvgRate")),
-        _float0(get("NetworkIncomingPeakRate")), _float0(get("NetworkOutgoingPeakRate")),
-        _opt_float(get("LarkBandwidthLimit")), _opt_float(get("RequestBandwidth")),
-        _encode_extra(extra) if extra else None,
+        gid, source, _text(get("owner")), _text(get("acctgroup")) or _text(get("accountinggroup")),
+        ep_of(_text(get("lastremotehost")) or _text(get("remotehost"))),
+        _text(get("larknetworktype")), _int0(get("completiondate")) or _int0(get("enteredcurrentstatus")),
+        _num(get("remotewallclocktime")),
+        _int0(b_in), _int0(b_out), _int0(get("networkincomingpackets")), _int0(get("networkoutgoingpackets")),
+        _float0(get("networkincomingavgrate")), _float0(get("networkoutgoingavgrate")),
+        _float0(get("networkincomingpeakrate")), _float0(get("networkoutgoingpeakrate")),
+        _num(get("larkbandwidthlimit")), _num(get("requestbandwidth")), extra_json(kept),
     ))
+
+
+# -- the history-file fast path: literal text as bytes, straight from the file ---------------------------------
+# Slots of CORE_ATTRS in the list sources.AttrMatcher fills (the kept attributes follow them).
+(_GID, _OWNER, _ACCT, _ACCTING, _LRH, _RH, _DONE, _ECS, _START, _WALL, _REQ, _TYPE, _LIMIT, _BIN, _BOUT, _PIN,
+ _POUT, _AIN, _AOUT, _KIN, _KOUT) = range(len(CORE_ATTRS))
+
+
+def _lit(v: bytes) -> Any:
+    """Any literal's value (the rare one that is not plain: escapes, booleans, expressions, lists)."""
+    return decode_literal(v.decode("utf-8", "replace"))
+
+
+def _lit_text(v: bytes | None) -> str:
+    if v is None:
+        return ""
+    inner = v[1:-1]
+    if v[:1] == b'"' and v[-1:] == b'"' and 34 not in inner and 92 not in inner and len(v) > 1:   # no " or \\
+        return inner.decode("utf-8", "replace")
+    value = _lit(v)
+    return "" if value is None else value if type(value) is str else str(value)
+
+
+def _lit_int0(v: bytes | None) -> int:
+    if v is None:
+        return 0
+    try:
+        return int(v)
+    except ValueError:
+        return _num(_lit(v), int) or 0
+
+
+def _lit_float0(v: bytes | None) -> float:
+    return _lit_opt_float(v) or 0.0
+
+
+def _lit_opt_float(v: bytes | None) -> float | None:
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return _num(_lit(v))
+
+
+def _lit_value(v: bytes) -> Any:
+    if v[:1] == b'"':
+        return _lit_text(v)
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return float(v)
+        except ValueError:
+            return _lit(v)
+
+
+def row_from_literals(v: list, source: str, extra_keys: list[str]) -> tuple | None:
+    """One cache row from a history file's literal text (bytes, or None when absent): `v` holds CORE_ATTRS,
+    then the kept attributes named by `extra_keys` (extra_key form, sorted). Gives the same row as row_from_ad
+    on the same ad from a schedd, as a plain tuple (worker processes send them back pickled: a tuple subclass
+    pickles five times slower)."""
+    b_in, b_out = v[_BIN], v[_BOUT]
+    if b_in is None and b_out is None:
+        return None
+    gid = _lit_text(v[_GID])
+    if not gid:
+        return None
+    extra = None
+    if extra_keys:
+        kept = []
+        for i, k in enumerate(extra_keys, len(CORE_ATTRS)):
+            x = v[i]
+            if x is not None and (x := _lit_value(x)) is not None:
+                kept.append((k, x))
+        extra = extra_json(kept)
+    host = _lit_text(v[_LRH]) or _lit_text(v[_RH])
+    return (
+        gid, source, _lit_text(v[_OWNER]), _lit_text(v[_ACCT]) or _lit_text(v[_ACCTING]),
+        host.rpartition("@")[2], _lit_text(v[_TYPE]), _lit_int0(v[_DONE]) or _lit_int0(v[_ECS]),
+        _lit_opt_float(v[_WALL]),
+        _lit_int0(b_in), _lit_int0(b_out), _lit_int0(v[_PIN]), _lit_int0(v[_POUT]),
+        _lit_float0(v[_AIN]), _lit_float0(v[_AOUT]), _lit_float0(v[_KIN]), _lit_float0(v[_KOUT]),
+        _lit_opt_float(v[_LIMIT]), _lit_opt_float(v[_REQ]), extra,
+    )
 
 
 def row_from_finished(rec: Mapping[str, Any], ep: str) -> Row | None:

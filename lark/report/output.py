@@ -11,6 +11,7 @@ import sys
 from datetime import datetime, timezone
 from typing import TextIO
 
+from ..errors import LarkError
 from .aggregate import FIGURE_NAMES, Report
 
 HEADINGS = {"jobs": "jobs", "bytes_in": "bytes in", "bytes_out": "bytes out", "mean_in_bps": "mean in",
@@ -96,8 +97,19 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def require_matplotlib() -> None:
+    """The charts of --html need matplotlib, an optional dependency: say how to get it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise LarkError("the HTML report's charts need matplotlib, which is not installed", obj="--html",
+                        fix="pip install 'htcondor-lark[report]' into Lark's environment, or use --csv/--json"
+                        ) from None
+
+
 def charts(rep: Report, per_day: dict[str, dict[str, int]], top: int = 10) -> dict[str, str]:
     """Base64 PNGs: bytes per group per day (stacked), top groups by bytes, requested vs used."""
+    require_matplotlib()
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -9,53 +9,173 @@ import socket
 from typing import Any, Iterator
 
 from ..errors import LarkError
-from .fields import CORE_ATTRS, RawAd, decode_literal
+from .fields import CORE_ATTRS, decode_literal
 
 log = logging.getLogger(__name__)
 
 
-def _line_pattern(wanted: set[str] | None) -> re.Pattern:
-    """A wanted attribute's line. Anchored on the newline before it (a literal the regex engine scans for
-    quickly), so the lines of other attributes, most of a real history ad, never reach Python."""
-    names = "|".join(sorted(map(re.escape, wanted))) if wanted else r"[A-Za-z_][A-Za-z0-9_.]*"
-    return re.compile(r"\n(" + names + r") = ([^\r\n]*)")
+# Wanted attributes that only HTCondor or Lark write, always in this spelling (the schedd's own names; the job
+# hooks' Network* and Lark*): a history file is searched for them as written, which is twice as fast as in any
+# case. Every other wanted attribute (RequestBandwidth, which condor_submit writes `Requestbandwidth` from
+# `request_bandwidth`; AcctGroup; the kept ones such as ProjectName) is found in any case, as ClassAd names are.
+EXACT_SPELLING = frozenset([
+    "GlobalJobId", "Owner", "LastRemoteHost", "RemoteHost", "CompletionDate", "EnteredCurrentStatus",
+    "JobCurrentStartDate", "RemoteWallClockTime", "LarkNetworkType", "LarkBandwidthLimit",
+    "NetworkIncomingBytes", "NetworkOutgoingBytes", "NetworkIncomingPackets", "NetworkOutgoingPackets",
+    "NetworkIncomingAvgRate", "NetworkOutgoingAvgRate", "NetworkIncomingPeakRate", "NetworkOutgoingPeakRate",
+])
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
 
-def read_history_file(path: str, offset: int = 0, wanted: set[str] | None = None, raw: bool = False,
-                      block: int = 8 << 20) -> Iterator[tuple[dict, int]]:
-    """(ad, offset) for every complete ad in a history file from `offset` on, where offset is the end of the
-    block of complete ads it came in; an ad still being written (no banner yet) is left for the next run.
-    `wanted` limits the attributes read. With `raw`, values stay ClassAd literal text (a fields.RawAd, which
-    the row builder decodes only where it needs to), else they are decoded."""
+def _trie(words: list[tuple[str, bool]]) -> str:
+    """A regex matching exactly these names (each as written, or in any case), as a trie: at each line the
+    regex engine then compares a handful of first letters instead of trying every name. A name in any case
+    starts with two literal branches (`R...`, `r...`), which the engine rejects as fast as an exact name;
+    only its further letters are classes (`[Ee]`), tried on lines that start with the same letter."""
+    root: dict = {}
+    for word, any_case in words:
+        for first in ({word[0].upper(), word[0].lower()} if any_case else {word[0]}):
+            node = root
+            for i, ch in enumerate(first + word[1:]):
+                cls = any_case and i > 0 and ch.upper() != ch.lower()
+                node = node.setdefault(f"[{ch.upper()}{ch.lower()}]" if cls else re.escape(ch), {})
+            node[""] = {}
+
+    def emit(node: dict) -> str:
+        alts = []
+        for key in sorted(k for k in node if k):
+            sub, text = node[key], key
+            while len(sub) == 1 and "" not in sub:    # a chain of single letters: one literal run
+                (k2, sub), = sub.items()
+                text += k2
+            alts.append(text + emit(sub))
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body
+    return emit(root)
+
+
+class AttrMatcher:
+    """Finds the wanted attributes' lines in history-file bytes and puts their literal text into slots.
+
+    Slot i holds names[i]; an attribute found in another spelling (`Requestbandwidth`) goes to the slot of
+    its name in any case. The regex is anchored on the newline before a line, so the lines of the other
+    attributes (most of a real ad's ~150) are skipped by the regex engine and never reach Python."""
+
+    def __init__(self, names: list[str]):
+        for n in names:
+            if not _NAME_RE.fullmatch(n):
+                raise LarkError(f"{n!r} is not a ClassAd attribute name", obj="--attr",
+                                fix="give a name such as ProjectName")
+        self.names = names
+        self._by_lower = {n.lower().encode(): i for i, n in enumerate(names)}
+        self._slot = {n.encode(): i for i, n in enumerate(dict.fromkeys(names))}   # grows with spellings met
+        # A name wanted twice (a kept attribute that is also a core one): its other slots get the same value.
+        self._copies = [(i, j) for i, a in enumerate(names) for j, b in enumerate(names)
+                        if i != j and a.lower() == b.lower()]
+        words = [(n, n not in EXACT_SPELLING) for n in dict.fromkeys(names)]
+        self.pattern = re.compile(rb"\n(" + _trie(words).encode() + rb") = ([^\r\n]*)")
+
+    def slots(self, pairs: list[tuple[bytes, bytes]]) -> list:
+        vals: list = [None] * len(self.names)
+        slot = self._slot
+        try:
+            for k, v in pairs:
+                vals[slot[k]] = v
+        except KeyError:   # a spelling not met before: learn it, then fill again
+            for k, _ in pairs:
+                if k not in slot:
+                    slot[k] = self._by_lower[k.lower()]
+            for k, v in pairs:
+                vals[slot[k]] = v
+        for i, j in self._copies:
+            if vals[i] is None:
+                vals[i] = vals[j]
+        return vals
+
+
+def history_ads(path: str, offset: int, pattern: re.Pattern, block: int = 16 << 20, stop: int | None = None
+                ) -> Iterator[tuple[list[tuple[bytes, bytes]], int]]:
+    """(the (name, literal) pairs `pattern` finds in the ad, file offset just after its banner) for every
+    complete ad of a history file from `offset` on (to `stop`): `Attr = value` lines, each ad ended by a
+    `*** ...` banner line. An ad still being written (no banner yet) is left for the next run."""
     try:
         f = open(path, "rb")
     except OSError as e:
         raise LarkError(f"cannot read the history file: {e.strerror}", obj=path,
                         fix="give the schedd's history file (condor_config_val HISTORY) readable by you") from None
-    pattern = _line_pattern(wanted)
+    findall = pattern.findall
     with f:
         f.seek(offset)
-        pos = offset        # file offset of buf[0]
-        buf = b""
+        # buf[0] is a newline (before the file's first line, then the one ending the last banner read), so
+        # every line starts after one; buf[i] is the file's byte base + i - 1.
+        buf, base = b"\n", offset
+        left = -1 if stop is None else stop - offset
         while True:
-            data = f.read(block)
-            buf += data
-            # Work up to the end of the last complete banner line; the rest waits for more data.
-            cut = buf.rfind(b"\n***")
-            if cut < 0 and buf.startswith(b"***"):
-                cut = 0
-            eol = buf.find(b"\n", cut + 1) if cut >= 0 else -1
-            if eol >= 0:
-                end = pos + eol + 1
-                # Split into ads at the banners, then pick each ad's wanted lines: both in C.
-                for piece in ("\n" + buf[:eol].decode("utf-8", "replace")).split("\n***"):
-                    ad = RawAd(pattern.findall(piece))
-                    if ad:
-                        yield (ad if raw else {k: decode_literal(v) for k, v in ad.items()}), end
-                pos = end
-                buf = buf[eol + 1:]
+            data = f.read(block if left < 0 else min(block, left))
+            left -= len(data)
+            if data:
+                buf += data
+            find = buf.find
+            pos = 0
+            while True:
+                banner = find(b"\n***", pos)
+                if banner < 0:
+                    break
+                eol = find(b"\n", banner + 1)
+                if eol < 0:
+                    break
+                yield findall(buf, pos, banner), base + eol
+                pos = eol
             if not data:
                 return
+            buf, base = buf[pos:], base + pos
+
+
+def ad_boundaries(path: str, start: int, end: int, every: int) -> list[int]:
+    """Offsets in [start, end) about `every` bytes apart where an ad begins (just after a banner line), to
+    read the pieces between them in parallel."""
+    cuts = [start]
+    with open(path, "rb") as f:
+        guess = start + every
+        while guess < end:
+            f.seek(guess - 1)
+            tail = b""
+            while True:
+                data = f.read(1 << 20)
+                if not data:
+                    return cuts
+                tail += data
+                banner = tail.find(b"\n***")
+                eol = tail.find(b"\n", banner + 1) if banner >= 0 else -1
+                if eol >= 0:
+                    break
+            cut = guess - 1 + eol + 1
+            if cut >= end:
+                break
+            cuts.append(cut)
+            guess = cut + every
+    return cuts
+
+
+def read_history_file(path: str, offset: int = 0, wanted: set[str] | None = None, block: int = 16 << 20
+                      ) -> Iterator[tuple[dict, int]]:
+    """(ad, offset after it) for every complete ad of a history file from `offset` on, values decoded; `wanted`
+    limits the attributes read (found in any case, keyed as named in `wanted`). The import uses history_ads
+    and AttrMatcher directly, which skip the decoding of what a row does not use."""
+    if wanted:
+        names = sorted(wanted)
+        m = AttrMatcher(names)
+        for pairs, end in history_ads(path, offset, m.pattern, block):
+            if pairs:
+                yield {n: decode_literal(v.decode("utf-8", "replace"))
+                       for n, v in zip(names, m.slots(pairs)) if v is not None}, end
+        return
+    pattern = re.compile(rb"\n([A-Za-z_][A-Za-z0-9_.]*) = ([^\r\n]*)")
+    for pairs, end in history_ads(path, offset, pattern, block):
+        if pairs:
+            yield {k.decode(): decode_literal(v.decode("utf-8", "replace")) for k, v in pairs}, end
 
 
 def history_file_identity(path: str) -> tuple[int, int]:
@@ -79,13 +199,22 @@ def schedds(pool: str | None, name: str | None) -> list[tuple[str, Any]]:
                         fix="check COLLECTOR_HOST, or read a history file with --history-file") from None
 
 
-def schedd_history(schedd, since_time: int | None, attrs: list[str]) -> Iterator[dict]:
-    """History ads of one schedd, newest first, down to (not including) jobs that left the queue before
-    `since_time`; overlap with the previous run is harmless (the cache is keyed by GlobalJobId)."""
+def classad_string(text: str) -> str:
+    """A ClassAd string literal (new syntax: backslash escapes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def since_jobs(gids: list[str]) -> str | None:
+    """The `since` expression that stops a schedd's history scan at any of these jobs."""
+    return " || ".join(f"GlobalJobId == {classad_string(g)}" for g in gids) or None
+
+
+def schedd_history(schedd, known: list[str], attrs: list[str]) -> Iterator[dict]:
+    """History ads of one schedd, newest first, down to (not including) the first of the jobs `known` (the
+    newest of the last run); all of them when none is known."""
     constraint = "NetworkIncomingBytes =!= undefined || NetworkOutgoingBytes =!= undefined"
-    since = f"EnteredCurrentStatus < {int(since_time)}" if since_time else None
     try:
-        ads = schedd.history(constraint=constraint, projection=attrs, since=since)
+        ads = schedd.history(constraint=constraint, projection=attrs, since=since_jobs(known))
     except Exception as e:
         raise LarkError(f"history query failed: {e}", obj="schedd",
                         fix="check that this host may read the schedd (ALLOW_READ)") from None
@@ -119,5 +248,5 @@ def this_ep() -> str:
     return socket.getfqdn()
 
 
-__all__ = ["CORE_ATTRS", "read_history_file", "history_file_identity", "schedds", "schedd_history",
+__all__ = ["CORE_ATTRS", "AttrMatcher", "history_ads", "read_history_file", "history_file_identity", "schedds", "schedd_history",
            "ad_values", "finished_records", "this_ep"]

@@ -256,7 +256,8 @@ def classad_of(d: dict):
 
 
 class FakeSchedd:
-    """Answers history() like a schedd: newest first, stopping where `since` becomes true."""
+    """Answers history() like a schedd: newest first in the order jobs entered the history (the list's order),
+    stopping where `since` becomes true."""
 
     def __init__(self, ads):
         self.ads = ads
@@ -266,7 +267,7 @@ class FakeSchedd:
         import classad2
         self.calls.append(since)
         out = []
-        for a in sorted(self.ads, key=lambda a: a["EnteredCurrentStatus"], reverse=True):
+        for a in reversed(self.ads):
             ad = classad_of(a)
             if since is not None and classad2.ExprTree(since).eval(ad) is True:
                 break
@@ -283,10 +284,107 @@ def test_schedd_history_read_incrementally_and_never_twice(cache, monkeypatch):
     assert schedd.calls == [None]
     schedd.ads = ads + [dict(ad(9, completed=T0 + 900), EnteredCurrentStatus=T0 + 900)]
     importer.import_schedds(cache)
-    # The second run asks from a little before the newest job it saw, and the overlap replaces itself.
-    assert schedd.calls[1] == f"EnteredCurrentStatus < {T0 + 500 - importer.SCHEDD_OVERLAP_S}"
+    # The second run stops at the newest jobs the first one read (newest first).
+    assert schedd.calls[1].startswith('GlobalJobId == "s1#5.0#1" || GlobalJobId == "s1#4.0#1"')
     rep = aggregate.summarise(cache.db, [])
     assert rep.rows[0]["jobs"] == 6 and rep.rows[0]["bytes_in"] == 6000
+
+
+def test_schedd_job_entering_history_late_is_not_lost(cache, monkeypatch):
+    """A job whose ad reaches the history long after its EnteredCurrentStatus (spooled output fetched a day
+    later, leave_in_queue, a removal) is the newest there with an old time. A scan that stops at a time mark
+    (`EnteredCurrentStatus < last newest - 300`, the earlier way) stopped at it: it and every job that entered
+    the history before it since the last run were never read."""
+    from lark.report import sources
+    first = [dict(ad(i, completed=T0 + i * 100), EnteredCurrentStatus=T0 + i * 100) for i in range(1, 4)]
+    schedd = FakeSchedd(list(first))
+    monkeypatch.setattr(sources, "schedds", lambda pool, name: [("submit1", schedd)])
+    importer.import_schedds(cache)
+    normal = dict(ad(4, completed=T0 + 400), EnteredCurrentStatus=T0 + 400)
+    spooled = dict(ad(5, completed=T0 - DAY), EnteredCurrentStatus=T0 - DAY)
+    schedd.ads += [normal, spooled]
+    # What the time mark would have read: nothing (the spooled job is first and already "too old").
+    assert schedd.history(since=f"EnteredCurrentStatus < {T0 + 300 - 300}") == []
+    assert importer.import_schedds(cache) == 2
+    assert {r["jobs"] for r in aggregate.summarise(cache.db, []).rows} == {5}
+    assert importer.import_schedds(cache) == 0   # and a run with nothing new reads nothing
+    assert aggregate.summarise(cache.db, []).rows[0]["jobs"] == 5
+
+
+def test_schedd_history_cleared_is_read_again_without_counting_twice(cache, monkeypatch):
+    from lark.report import sources
+    schedd = FakeSchedd([dict(ad(i), EnteredCurrentStatus=T0 + i) for i in range(1, 4 + importer.SCHEDD_HEAD)])
+    monkeypatch.setattr(sources, "schedds", lambda pool, name: [("submit1", schedd)])
+    importer.import_schedds(cache)
+    # The history was cleared and one of the old jobs came back with a new one (a restored copy): none of the
+    # jobs the scan stops at is there, so it reads everything; the old job replaces itself.
+    schedd.ads = [schedd.ads[0], dict(ad(99), EnteredCurrentStatus=T0 + 99)]
+    assert importer.import_schedds(cache) == 2
+    assert aggregate.summarise(cache.db, []).rows[0]["jobs"] == 4 + importer.SCHEDD_HEAD
+
+
+def test_attribute_names_in_any_case(cache, tmp_path):
+    """ClassAd names are case-insensitive: `--attr`/`--by` in any case find the ad's attribute in any case,
+    from a history file and from a schedd's ad; condor_submit writes request_bandwidth as `Requestbandwidth`."""
+    f = tmp_path / "history"
+    f.write_text(history_text([ad(1, ProjectName="lhc", Requestbandwidth=100, LarkBandwidthLimit=100),
+                               ad(2, projectname="lhc", ACCTGROUP="g2", AcctGroup=None),
+                               ad(3, PROJECTNAME="ska", Site="x")]).replace('AcctGroup = "None"\n', ""))
+    importer.import_history_file(cache, str(f), ["projectNAME", "SITE"])
+    got = {r["projectname"]: r["jobs"] for r in aggregate.summarise(cache.db, ["projectname"]).rows}
+    assert got == {"lhc": 2, "ska": 1}
+    assert {r["ProjectName"] for r in aggregate.summarise(cache.db, ["ProjectName"]).rows} == {"lhc", "ska"}
+    assert {r["site"]: r["jobs"] for r in aggregate.summarise(cache.db, ["site"]).rows} == {"x": 1, "": 2}
+    assert {r["AcctGroup"] for r in aggregate.summarise(cache.db, ["AcctGroup"]).rows} == {"group_a", "g2"}
+    assert aggregate.summarise(cache.db, ["Owner"]).rows[0]["requested_mbit"] == 100
+    # The same from a schedd: the ad keeps its spelling, the row does not depend on it.
+    from lark.report.sources import ad_values
+    other = Cache(str(tmp_path / "s.sqlite"))
+    try:
+        importer.import_ads(other, [ad_values(classad_of(dict(ad(1), projectname="lhc", REQUESTBANDWIDTH=10)))],
+                            ["ProjectName"])
+        row = other.db.execute("SELECT extra, request_mbit FROM jobs").fetchone()
+        assert json.loads(row[0])["projectname"] == "lhc" and row[1] == 10
+    finally:
+        other.close()
+
+
+def test_week_is_the_iso_week():
+    import datetime as dt
+    from lark.report.cache import Cache as C
+    c = C(":memory:")
+    try:
+        days = [dt.date(2026, 12, 27) + dt.timedelta(days=i) for i in range(12)] + [dt.date(2026, 11, 2),
+                                                                                      dt.date(2027, 12, 31)]
+        for i, d in enumerate(days):
+            t = int(dt.datetime(d.year, d.month, d.day, 12, tzinfo=dt.timezone.utc).timestamp())
+            add_ads(c, [ad(i, completed=t)])
+        got = dict(c.db.execute(f"SELECT gid, {aggregate.group_sql('week')} FROM jobs"))
+        for i, d in enumerate(days):
+            y, w, _ = d.isocalendar()
+            assert got[f"s1#{i}.0#1"] == f"{y}-W{w:02d}", d
+        assert got["s1#2.0#1"] == "2026-W53"   # Tuesday 2026-12-29
+    finally:
+        c.close()
+
+
+def test_html_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    import builtins
+    from lark import cli
+    real = builtins.__import__
+
+    def no_matplotlib(name, *a, **k):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real(name, *a, **k)
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    f = tmp_path / "history"
+    f.write_text(history_text([ad(1)]))
+    assert cli.main(["report", "--cache", str(tmp_path / "c.sqlite"), "--history-file", str(f),
+                     "--html", str(tmp_path / "html")]) == 1
+    err = capsys.readouterr().err
+    assert "matplotlib" in err and "pip install 'htcondor-lark[report]'" in err
+    assert not (tmp_path / "html").exists() and not (tmp_path / "c.sqlite").exists()
 
 
 def test_ad_values_evaluates_expressions_in_the_ad():
@@ -346,3 +444,18 @@ def test_history_file_read_in_small_blocks_gives_the_same_ads(tmp_path):
     text = f.read_bytes()
     assert all(text[:end].endswith(b"\n") and text[:end].rstrip().splitlines()[-1].startswith(b"***")
                for _, end in pieces)
+
+
+def test_cache_from_before_lower_case_names_is_upgraded(tmp_path):
+    c = Cache(str(tmp_path / "c.sqlite"))
+    add_ads(c, [ad(1)])
+    c.db.execute("""UPDATE jobs SET extra = '{"ProjectName":"lhc","JobUniverse":5}'""")
+    c.db.execute("PRAGMA user_version = 0")
+    c.db.commit()
+    c.close()
+    c = Cache(str(tmp_path / "c.sqlite"))
+    try:
+        assert [r["projectname"] for r in aggregate.summarise(c.db, ["projectname"]).rows] == ["lhc"]
+        assert c.db.execute("SELECT extra FROM jobs").fetchone()[0] == '{"jobuniverse":5,"projectname":"lhc"}'
+    finally:
+        c.close()
