@@ -1,10 +1,10 @@
 """Figures into the job's ad at its schedd, pushed by larkd (root), on a path the job cannot reach.
 
-The hooks (UPDATE_JOB_INFO, JOB_EXIT) run as the job's user in the host's namespace: a job can ptrace them or edit
-the chirp configuration in its scratch directory, and the JOB_EXIT hook runs once, so a larkd that is down at that
-moment loses the job's figures. larkd instead edits the job ad at the job's schedd with htcondor2 (as
-`condor_qedit` would): every `schedd_push_interval` while the job runs, and once more with the final figures at
-teardown; a final push that fails is retried for `schedd_push_retry` seconds. If larkd is down when the job ends,
+Hooks run as the job's user in the host's namespace, and a chirp path to these attributes would be the job's too,
+so nothing the job can reach writes them. larkd edits the job ad at the job's schedd with htcondor2 (as
+`condor_qedit` would): every `schedd_push_interval` while the job runs, at the job's end when its JOB_EXIT hook
+asks (`push`: the starter waits for the hook, so the job is still queued), and once more at teardown if the
+counters changed since; a final push that fails is retried for `schedd_push_retry` seconds. If larkd is down when the job ends,
 the job's history keeps the last periodic push (at most one interval plus the downtime old) and larkd's finished
 record keeps the exact figures (`lark report`).
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 # Attributes read from every history ad (the projection sent to the schedds). Network* and Lark* are written
-# by lark/job/update_hook.py; the rest are HTCondor's own.
+# by larkd (lark/daemon/adpush.py); the rest are HTCondor's own.
 CORE_ATTRS = [
     "GlobalJobId", "Owner", "AcctGroup", "AccountingGroup", "LastRemoteHost", "RemoteHost", "CompletionDate",
     "EnteredCurrentStatus", "JobCurrentStartDate", "RemoteWallClockTime", "RequestBandwidth",
