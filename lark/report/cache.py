@@ -17,7 +17,7 @@ from .fields import COLUMNS, Row, extra_json, extra_key
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 
-SCHEMA = f"""
+SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     gid TEXT PRIMARY KEY, source TEXT NOT NULL, owner TEXT, acct_group TEXT, ep TEXT, network_type TEXT,
     completed INTEGER, wall_s REAL, bytes_in INTEGER, bytes_out INTEGER, packets_in INTEGER, packets_out INTEGER,

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 # Attributes read from every history ad (the projection sent to the schedds). Network* and Lark* are written

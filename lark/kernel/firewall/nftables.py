@@ -54,7 +54,7 @@ def _v6_hex(addr: str) -> str:
     return f"0x{int(ipaddress.IPv6Address(addr)):032x}"
 
 
-def bridge_allowlist(plan: NetworkPlan, mac: str) -> list[list[dict]]:
+def bridge_allowlist(plan: JobNetwork, mac: str) -> list[list[dict]]:
     """The rules (expression lists) of a bridged job's ingress chain: what may enter the bridge from its port.
 
     An allowlist, ending in drop: the job's MAC with its own IPv4 address, DHCP client messages, ARP for its
