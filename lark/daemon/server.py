@@ -52,6 +52,9 @@ class Larkd:
         self.userns_inode = peercred.own_userns_inode()
         self.pins = PinStore(os.path.join(cfg.run_dir, "pins"))
         self.pool = concurrent.futures.ThreadPoolExecutor(cfg.setup_workers, thread_name_prefix="lark-setup")
+        # Edits at the schedd wait on the network and the schedd: never in the setup workers, where a slow
+        # schedd would hold up the next jobs' setups.
+        self.push_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="lark-push")
         self.active: set[str] = set()          # keys with a live job or a setup in flight
         self.slot_locks: dict[str, asyncio.Lock] = {}
         self.watches: dict[str, int] = {}      # key -> pidfd of the starter
@@ -191,7 +194,7 @@ class Larkd:
                         summary = dict(pin.carried, job_id=pin.job_id, key=key, ended=time.time(),
                                        started=pin.first_setup, reason=reason)
                         self.finished.save(key, summary)
-                    await self.loop.run_in_executor(self.pool, self._push_final, pin, summary)
+                    await self.loop.run_in_executor(self.push_pool, self._push_final, pin, summary)
                     self.pins.drop(key)
                 elif summary is not None:
                     pin.carried = summary
@@ -249,7 +252,7 @@ class Larkd:
                 log.error("DHCP renewal pass failed: %s", e)
             if self.pusher is not None:
                 try:
-                    await self.loop.run_in_executor(self.pool, self.push_running)
+                    await self.loop.run_in_executor(self.push_pool, self.push_running)
                 except Exception as e:
                     log.error("pushing figures to the schedd failed: %s", e)
 
@@ -398,7 +401,8 @@ class Larkd:
         if key in self.active:
             await self.loop.run_in_executor(self.pool, self.acct.poll)
         stats = self.stats(key)
-        ok = await self.loop.run_in_executor(self.pool, self.pusher.push, key, pin.global_job_id, pin.job_id, stats)
+        ok = await self.loop.run_in_executor(self.push_pool, self.pusher.push, key, pin.global_job_id, pin.job_id,
+                                             stats)
         if ok:
             self.pushed_at[key] = (pin.job_id, now, pushes + 1)
         return protocol.ok(pushed=ok)

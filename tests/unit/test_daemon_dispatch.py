@@ -179,3 +179,42 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
                                                    ("ap#3.0#1", "3.0", {"bytes_in": 2})]
     with pytest.raises(LarkError, match="only a job's own hook may ask larkd to push"):
         _run(d, lambda: d.dispatch({"op": "push"}, Peer(pid=1, uid=1000, gid=1000)))
+
+
+def test_a_slow_schedd_does_not_hold_up_the_next_jobs_setup(tmp_path, monkeypatch):
+    """A job's end-of-job push waits on its schedd; the next job's setup on the EP must not wait behind it (the
+    pushes have their own threads, not the setup workers)."""
+    import concurrent.futures
+    import threading
+    from lark.daemon.pins import Pin
+    d, _ = _daemon(tmp_path, monkeypatch)
+    d.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lark-setup")   # one setup worker
+    schedd_answers = threading.Event()
+
+    class SlowSchedd:
+        def push(self, key, gid, job_id, stats):
+            schedd_answers.wait(10)
+            return True
+
+    d.pusher = SlowSchedd()
+    monkeypatch.setattr(d, "stats", lambda key: {"key": key, "usage": {}})
+    d.pins.save(Pin(key="slot9", starter_pid=ME, starter_start=1, netns_inode=7, job_id="2.0",
+                    global_job_id="ap#2.0#1"))
+
+    async def flow():
+        ending = StarterInfo(pid=ME, start=start_time(ME), slot="slot9", exe="/usr/sbin/condor_starter", argv=[])
+        monkeypatch.setattr(server_mod.peercred, "find_starter", lambda pid, paths: ending)
+        push = asyncio.ensure_future(d.dispatch({"op": "push"}, Peer(pid=ME, uid=1000, gid=1000)))
+        await asyncio.sleep(0.1)              # the push now waits on the schedd
+        setup = await asyncio.wait_for(d.dispatch({"op": "setup"}, Peer(pid=ME, uid=1000, gid=1000)), 5)
+        pushed_yet = push.done()
+        schedd_answers.set()
+        await push
+        for fd in d.watches.values():
+            d.loop.remove_reader(fd)
+            os.close(fd)
+        d.watches.clear()
+        return _answer(setup), pushed_yet
+
+    answer, pushed_yet = _run(d, flow)
+    assert answer["ok"] and not pushed_yet
