@@ -239,6 +239,7 @@ class WanQueues:
         self.plan = plan
         self.counters = LimitCounters()
         self.db = None
+        self._present: set[int] = set()   # WAN ports whose device was found (_tc_ports)
         if app.cfg.wan_ovsdb:
             from ..kernel.attach.ovsdb import Ovsdb
             self.db = Ovsdb(app.cfg.wan_ovsdb, tables=("Open_vSwitch", "Bridge", "Port", "QoS", "Queue"))
@@ -342,7 +343,13 @@ class WanQueues:
         ports = [p for p in range(len(self.plan.wan_ports)) if self._datapath(p) == "netdev"]
         netns = self.app.cfg.wan_tc_netns
         for p in ports:
-            if not device_exists(self.plan.port_name(p), netns):
+            # Checked once per port: classify runs at every registration, and in another netns the check is a
+            # process (a WAN port is not renamed under a running controller).
+            if p in self._present:
+                continue
+            if device_exists(self.plan.port_name(p), netns):
+                self._present.add(p)
+            else:
                 where = f"network namespace {netns}" if netns else "controller's network namespace"
                 raise LarkError(f"is on a userspace datapath, which ignores set_queue, and its device is not in the "
                                 f"{where}, so the controller cannot classify by tc",

@@ -340,3 +340,22 @@ def test_a_groups_new_rate_reaches_the_classes_of_its_jobs():
     assert leaves == {11: 0xF001}
     assert ["class", "change", "dev", "wan0", "parent", "1:2", "classid", "1:f001", "htb", "rate", "8kbit", "ceil",
             "900mbit", "cburst", "1125000b", "quantum", "1514"] in cmds
+
+
+def test_a_wan_ports_device_is_looked_up_once_not_at_every_registration(monkeypatch):
+    """classify runs at every registration (larkd waits for it in a job's setup); in another netns the lookup is a
+    process, so a port found once is not looked up again."""
+    from lark.controller import wan_queue
+    looked = []
+    monkeypatch.setattr(wan_queue, "device_exists", lambda dev, netns="": looked.append((dev, netns)) or True)
+    q = object.__new__(wan_queue.WanQueues)
+    q.db, q._present = object(), set()
+    q.app = SimpleNamespace(cfg=SimpleNamespace(wan_tc_netns="core"))
+    q.plan = SimpleNamespace(wan_ports=["wan0", "wan1"], port_name=lambda p: ["wan0", "wan1"][p])
+    q._datapath = lambda p: "netdev"
+    assert q._tc_ports() == [0, 1] and q._tc_ports() == [0, 1]
+    assert looked == [("wan0", "core"), ("wan1", "core")]
+    monkeypatch.setattr(wan_queue, "device_exists", lambda dev, netns="": False)
+    q._present = set()
+    with pytest.raises(LarkError, match="not in the network namespace core"):
+        q._tc_ports()
