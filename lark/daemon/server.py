@@ -53,8 +53,9 @@ class Larkd:
         self.pins = PinStore(os.path.join(cfg.run_dir, "pins"))
         self.pool = concurrent.futures.ThreadPoolExecutor(cfg.setup_workers, thread_name_prefix="lark-setup")
         # Edits at the schedd wait on the network and the schedd: never in the setup workers, where a slow
-        # schedd would hold up the next jobs' setups.
-        self.push_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="lark-push")
+        # schedd would hold up the next jobs' setups. One thread: pushes reach the schedd in the order they were
+        # asked for, so a periodic push that read older counters never lands after the JOB_EXIT barrier's.
+        self.push_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lark-push")
         self.active: set[str] = set()          # keys with a live job or a setup in flight
         self.slot_locks: dict[str, asyncio.Lock] = {}
         self.watches: dict[str, int] = {}      # key -> pidfd of the starter
