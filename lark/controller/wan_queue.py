@@ -10,12 +10,19 @@ and hardware switches). On an Open vSwitch whose OVSDB the controller reaches (`
   those of groups no longer configured; unused ones go at reconciliation (after reconcile_grace), as meters do.
 - OVS makes the htb: class 1:(queue id + 1) per queue under root class 1:fffe.
 - userspace (netdev) datapath: it ignores set_queue (ARCHITECTURE.md), so the controller classifies in the kernel
-  itself: per job a leaf htb class 1:f001..1:fffd under its group's class (OVS ignores classes above 0xf000) and
-  one u32 filter per job address at the root qdisc, `src ADDR -> the job's class`. The job classes share the group's
+  itself: per job a leaf htb class 1:f001..1:fffd under its group's class (OVS ignores classes above 0xf000) and one
+  u32 filter per job address at the root qdisc, `src ADDR -> the job's class`. The job classes share the group's
   rate round robin (same quantum), so the jobs of a group get equal shares (this kernel has neither sfq nor
-  fq_codel). This needs the WAN port's device in the controller's network namespace: run the controller on the
-  switch host. Filters are Lark's by their priority (PREF_V4, PREF_V6); tc runs as one `tc -batch` per change,
-  read back with `tc -json` (pyroute2 0.9.7 decodes u32 selectors wrongly: keys come back shifted).
+  fq_codel). Lark's packets bounce through an ifb first (plan_bounce): the userspace datapath sends on every veth
+  port through one AF_PACKET socket, and a packet that waits in a qdisc holds that socket's send buffer
+  (net.core.wmem_default, 212992 bytes: about three 64 KB TSO packets) until it leaves; once the slow groups' queues
+  held it full, the switch dropped what it sent on every port (measured: a 900 Mbit/s cms job at 12.7 Mbit/s behind
+  8 jobs of a 100 Mbit/s group, the socket at 139-246 KB of 208 KB). mirred's redirect sends a clone, which no
+  socket owns, and frees the original: the packet comes back from the ifb into the port's htb owning nothing (same
+  test: 859.4 Mbit/s, the socket empty). This needs the WAN port's device in the controller's network namespace: run
+  the controller on the switch host. Filters are Lark's by their priority (PREF_V4, PREF_V6, PREF_BOUNCE); tc runs
+  as one `tc -batch` per change, read back with `tc -json` (pyroute2 0.9.7 decodes u32 selectors wrongly: keys come
+  back shifted).
 Without an OVSDB (`ovsdb = ""`), the site made the queues itself (hardware, vendor tooling): Lark only sends
 set_queue with the ids above and counts queue stats.
 """
@@ -38,6 +45,7 @@ log = logging.getLogger("lark.controller.wan")
 
 OWNER = {"lark-owner": "controller"}
 PREF_V4, PREF_V6 = 0x4C00, 0x4C01        # tc filter priorities Lark owns on its QoS's root qdisc
+PREF_BOUNCE = 0x4C02                      # Lark's egress filter on a WAN port: everything through the ifb
 LEAF_FIRST, LEAF_LAST = 0xF001, 0xFFFD    # job classes: minors OVS does not read as queues (it reads <= 0xf000)
 ROOT = "1:"                               # the handle OVS gives its linux-htb root qdisc
 LEAF_RATE = "8kbit"                       # a job class's own rate: everything above is borrowed from the group's
@@ -230,6 +238,76 @@ def tc_read(dev: str, netns: str = "") -> TcState:
     return TcState(parse_classes(classes), parse_filters(show("filter")), parse_ceils(classes))
 
 
+def bounce_name(dev: str) -> str:
+    """The ifb Lark bounces a WAN port's packets through (IFNAMSIZ: 15 characters)."""
+    return f"lq-{dev}"[:15]
+
+
+@dataclass(frozen=True)
+class BounceState:
+    """What a WAN port has of the bounce: the ifb, a clsact qdisc, Lark's egress filter, and other egress or
+    ingress filters on that clsact (the site's: they keep it)."""
+    ifb: bool
+    clsact: bool
+    lark_filter: bool
+    other_filters: bool
+
+
+def parse_bounce(qdiscs: str, filters_json: str, ifb_exists: bool) -> BounceState:
+    """`tc qdisc show dev PORT`, `tc -json filter show dev PORT egress` (and ingress, concatenated as two JSON
+    lists) and whether the ifb exists -> BounceState."""
+    found = []
+    for chunk in filters_json.split("\n"):
+        if chunk.strip():
+            found += json.loads(chunk)
+    prefs = {f.get("pref") for f in found if f.get("kind")}
+    return BounceState(ifb_exists, bool(re.search(r"^qdisc clsact ", qdiscs, re.M)), PREF_BOUNCE in prefs,
+                       bool(prefs - {PREF_BOUNCE}))
+
+
+def plan_bounce(dev: str, on: bool, st: BounceState) -> tuple[list[list[str]], list[list[str]]]:
+    """(`ip` commands, `tc` batch lines) that make `dev`'s egress go through its ifb and back (on), or undo it
+    (off): a clsact qdisc (kept when the site's own filters are on it) and one u32 filter matching everything with
+    mirred redirect to the ifb. Nothing when the port already is so, which makes both directions safe to repeat."""
+    ifb = bounce_name(dev)
+    if on:
+        ip = [] if st.ifb else [["link", "add", ifb, "type", "ifb"], ["link", "set", ifb, "up"]]
+        tc = ([] if st.clsact else [["qdisc", "add", "dev", dev, "clsact"]]) + ([] if st.lark_filter else [
+            ["filter", "add", "dev", dev, "egress", "protocol", "all", "prio", str(PREF_BOUNCE), "u32", "match", "u32",
+             "0", "0", "action", "mirred", "egress", "redirect", "dev", ifb]])
+        return ip, tc
+    tc = [["filter", "del", "dev", dev, "egress", "protocol", "all", "prio", str(PREF_BOUNCE)]] if st.lark_filter \
+        else []
+    if st.clsact and not st.other_filters:
+        tc.append(["qdisc", "del", "dev", dev, "clsact"])
+    return ([["link", "del", ifb]] if st.ifb else []), tc
+
+
+def bounce_read(dev: str, netns: str = "") -> BounceState:
+    def run(argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    qd = run([*tc_argv(netns), "qdisc", "show", "dev", dev])
+    if qd.returncode:
+        raise LarkError(f"tc cannot read its qdiscs: {qd.stderr.strip()}", obj=f"WAN port {dev}",
+                        fix="run the controller on the switch host, in the WAN ports' network namespace (or name it "
+                            "in [wan] tc_netns)")
+    filters = ""
+    if re.search(r"^qdisc clsact ", qd.stdout, re.M):
+        for hook in ("egress", "ingress"):
+            filters += run([*tc_argv(netns), "-json", "filter", "show", "dev", dev, hook]).stdout.strip() + "\n"
+    link = run([*(["ip", "-n", netns] if netns else ["ip"]), "link", "show", "dev", bounce_name(dev)])
+    return parse_bounce(qd.stdout, filters, link.returncode == 0)
+
+
+def ip_run(commands: list[list[str]], what: str, netns: str = "") -> None:
+    for argv in commands:
+        cp = subprocess.run([*(["ip", "-n", netns] if netns else ["ip"]), *argv], capture_output=True, text=True,
+                            timeout=30)
+        if cp.returncode:
+            raise LarkError(f"`ip {' '.join(argv)}` failed: {cp.stderr.strip()}", obj=what,
+                            fix="the kernel needs the ifb module (modprobe ifb); see `ip link show type ifb`")
+
+
 class WanQueues:
     """The queue mechanism's hooks for ofapp.LarkSwitchApp (the same as WanMeters'). Queues live in the switch's
     OVSDB, not per OpenFlow connection: every connected switch gets the same set_queue flows."""
@@ -240,6 +318,7 @@ class WanQueues:
         self.counters = LimitCounters()
         self.db = None
         self._present: set[int] = set()   # WAN ports whose device was found (_tc_ports)
+        self._bounced: set[int] = set()   # WAN ports whose packets this process made bounce through the ifb
         if app.cfg.wan_ovsdb:
             from ..kernel.attach.ovsdb import Ovsdb
             self.db = Ovsdb(app.cfg.wan_ovsdb, tables=("Open_vSwitch", "Bridge", "Port", "QoS", "Queue"))
@@ -322,18 +401,23 @@ class WanQueues:
                 gone.setdefault(p, []).append((queue_id(g), have[(g, p)]))
         for key, p, row in strays:
             gone.setdefault(p, []).append((key, row))
-        cmds = []
+        cmds, emptied = [], []
         for p, items in gone.items():
             qos = self._lark_qos(p)
             if qos is None:
                 continue
             if len(qos.queues) <= len(items):
                 cmds += [api.db_clear("Port", self.plan.port_name(p), "qos"), api.db_destroy("QoS", qos.uuid)]
+                emptied.append(p)
             else:
                 cmds.append(api.db_remove("QoS", qos.uuid, "queues", *[k for k, _ in items]))
             cmds += [api.db_destroy("Queue", row.uuid) for _, row in items]
         if cmds:
             self.db.run("removing Lark's WAN queues " + ", ".join(self.plan.describe(lim) for lim in limits), *cmds)
+        tc_ports = self._tc_ports() if emptied else []
+        for p in emptied:
+            if p in tc_ports:
+                self._bounce(p, False)     # Lark has no QoS there any more: nothing of its to bounce
 
     # -- tc (userspace datapath) ---------------------------------------------------------------------------
     def _tc_ports(self) -> list[int]:
@@ -375,12 +459,34 @@ class WanQueues:
                     if addrs:
                         jobs[e.cookie] = JobQueue(group_class(group), frozenset(addrs),
                                                   self.plan.rate_mbit((group, p)))
+                if jobs:
+                    self._bounce(p, True)
                 state = tc_read(dev, self.app.cfg.wan_tc_netns)
                 owned = self.owned.setdefault(p, set())
                 cmds, self.leaves[p] = plan_port(dev, jobs, state, self.leaves.get(p, {}), owned, everything)
                 if cmds:
                     tc_batch(cmds, f"WAN port {dev}", self.app.cfg.wan_tc_netns)
                     log.info("WAN port %s: tc classification now %d jobs (%d commands)", dev, len(jobs), len(cmds))
+
+    def _bounce(self, p: int, on: bool) -> None:
+        """Port p's packets bounce through its ifb before its htb (on), or not any more (off; after Lark's QoS on
+        the port is gone): see the module doc. Read from the kernel each time but once per process for `on`."""
+        if on and p in self._bounced:
+            return
+        dev, netns = self.plan.port_name(p), self.app.cfg.wan_tc_netns
+        ip, tc = plan_bounce(dev, on, bounce_read(dev, netns))
+        what = f"WAN port {dev} (ifb {bounce_name(dev)})"
+        if on:
+            ip_run(ip, what, netns)
+            tc_batch(tc, what, netns)
+            self._bounced.add(p)
+        else:
+            tc_batch(tc, what, netns)
+            ip_run(ip, what, netns)
+            self._bounced.discard(p)
+        if ip or tc:
+            log.info("WAN port %s: Lark's packets %s ifb %s", dev, "now bounce through" if on else "no longer bounce "
+                     "through", bounce_name(dev))
 
     # -- life cycle (the hooks WanMeters has) --------------------------------------------------------------
     def ensure(self, sw, limits: set[tuple[int, int]]) -> None:

@@ -317,6 +317,40 @@ def test_queue_plan_makes_a_class_and_filter_per_job_and_removes_only_what_it_ow
     assert cmds[-1][-3:] == ["10.77.1.1/32", "flowid", "1:f002"]
 
 
+def test_the_bounce_through_the_ifb_is_made_once_and_undone_without_touching_the_sites_filters():
+    """A userspace datapath's queued packets hold its one AF_PACKET send buffer; Lark's WAN port egress goes
+    through an ifb first (mirred sends a clone no socket owns). Both directions are safe to repeat, and a clsact
+    that carries the site's own filters stays."""
+    from lark.controller.wan_queue import BounceState, PREF_BOUNCE, bounce_name, parse_bounce, plan_bounce
+    assert bounce_name("wan0") == "lq-wan0" and len(bounce_name("a-very-long-port-name")) == 15
+    nothing = parse_bounce("qdisc noqueue 0: root refcnt 2\n", "", False)
+    assert nothing == BounceState(False, False, False, False)
+    ip, tc = plan_bounce("wan0", True, nothing)
+    assert ip == [["link", "add", "lq-wan0", "type", "ifb"], ["link", "set", "lq-wan0", "up"]]
+    assert tc == [["qdisc", "add", "dev", "wan0", "clsact"],
+                  ["filter", "add", "dev", "wan0", "egress", "protocol", "all", "prio", str(PREF_BOUNCE), "u32",
+                   "match", "u32", "0", "0", "action", "mirred", "egress", "redirect", "dev", "lq-wan0"]]
+    assert plan_bounce("wan0", False, nothing) == ([], [])
+    # as tc prints it: Lark's filter (a head entry and the rule), and on ingress one of the site's
+    lark = ('[{"protocol":"all","pref":19458,"kind":"u32","chain":0},{"protocol":"all","pref":19458,"kind":"u32",'
+            '"chain":0,"options":{"fh":"800::800","actions":[{"kind":"mirred"}]}}]')
+    site = '[{"protocol":"ip","pref":1,"kind":"u32","chain":0}]'
+    clsact = "qdisc noqueue 0: root refcnt 2\nqdisc clsact ffff: parent ffff:fff1\n"
+    done = parse_bounce(clsact, lark + "\n[]\n", True)
+    assert done == BounceState(True, True, True, False)
+    assert plan_bounce("wan0", True, done) == ([], [])
+    assert plan_bounce("wan0", False, done) == (
+        [["link", "del", "lq-wan0"]],
+        [["filter", "del", "dev", "wan0", "egress", "protocol", "all", "prio", str(PREF_BOUNCE)],
+         ["qdisc", "del", "dev", "wan0", "clsact"]])
+    shared = parse_bounce(clsact, lark + "\n" + site + "\n", True)
+    assert shared.other_filters and plan_bounce("wan0", False, shared)[1] == [
+        ["filter", "del", "dev", "wan0", "egress", "protocol", "all", "prio", str(PREF_BOUNCE)]]
+    # the site's clsact without Lark's filter: only the filter is added
+    assert plan_bounce("wan0", True, parse_bounce(clsact, site + "\n[]\n", True)) == (
+        [], [tc[1]])
+
+
 def test_tc_runs_in_the_named_netns_of_the_wan_ports_and_a_path_is_refused():
     from lark.controller import wan_queue
     from lark.controller.config import from_mapping
