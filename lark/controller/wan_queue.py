@@ -12,17 +12,17 @@ and hardware switches). On an Open vSwitch whose OVSDB the controller reaches (`
 - userspace (netdev) datapath: it ignores set_queue (ARCHITECTURE.md), so the controller classifies in the kernel
   itself: per job a leaf htb class 1:f001..1:fffd under its group's class (OVS ignores classes above 0xf000) and one
   u32 filter per job address at the root qdisc, `src ADDR -> the job's class`. The job classes share the group's
-  rate round robin (same quantum), so the jobs of a group get equal shares (this kernel has neither sfq nor
-  fq_codel). Lark's packets bounce through an ifb first (plan_bounce): the userspace datapath sends on every veth
-  port through one AF_PACKET socket, and a packet that waits in a qdisc holds that socket's send buffer
-  (net.core.wmem_default, 212992 bytes: about three 64 KB TSO packets) until it leaves; once the slow groups' queues
-  held it full, the switch dropped what it sent on every port (measured: a 900 Mbit/s cms job at 12.7 Mbit/s behind
-  8 jobs of a 100 Mbit/s group, the socket at 139-246 KB of 208 KB). mirred's redirect sends a clone, which no
-  socket owns, and frees the original: the packet comes back from the ifb into the port's htb owning nothing (same
-  test: 859.4 Mbit/s, the socket empty). This needs the WAN port's device in the controller's network namespace: run
-  the controller on the switch host. Filters are Lark's by their priority (PREF_V4, PREF_V6, PREF_BOUNCE); tc runs
-  as one `tc -batch` per change, read back with `tc -json` (pyroute2 0.9.7 decodes u32 selectors wrongly: keys come
-  back shifted).
+  rate round robin (same quantum, in bytes: QUANTUM), so the jobs of a group get equal shares (this kernel has
+  neither sfq nor fq_codel). Lark's packets bounce through an ifb first (plan_bounce): the userspace datapath sends
+  on every veth port through one AF_PACKET socket, and a packet that waits in a qdisc holds that socket's send
+  buffer (net.core.wmem_default, 212992 bytes: about three 64 KB TSO packets) until it leaves; once the slow groups'
+  queues held it full, the switch dropped what it sent on every port (measured: a 900 Mbit/s cms job at 12.7 Mbit/s
+  behind 8 jobs of a 100 Mbit/s group, the socket at 139-246 KB of 208 KB). mirred's redirect sends a clone, which
+  no socket owns, and frees the original: the packet comes back from the ifb into the port's htb owning nothing
+  (same test: 859.4 Mbit/s, the socket empty). This needs the WAN port's device in the controller's network
+  namespace: run the controller on the switch host. Filters are Lark's by their priority (PREF_V4, PREF_V6,
+  PREF_BOUNCE); tc runs as one `tc -batch` per change, read back with `tc -json` (pyroute2 0.9.7 decodes u32
+  selectors wrongly: keys come back shifted).
 Without an OVSDB (`ovsdb = ""`), the site made the queues itself (hardware, vendor tooling): Lark only sends
 set_queue with the ids above and counts queue stats.
 """
@@ -49,7 +49,12 @@ PREF_BOUNCE = 0x4C02                      # Lark's egress filter on a WAN port: 
 LEAF_FIRST, LEAF_LAST = 0xF001, 0xFFFD    # job classes: minors OVS does not read as queues (it reads <= 0xf000)
 ROOT = "1:"                               # the handle OVS gives its linux-htb root qdisc
 LEAF_RATE = "8kbit"                       # a job class's own rate: everything above is borrowed from the group's
-QUANTUM = "1514"                          # equal for every job class: equal shares of the group's rate
+# A job class's DRR quantum: equal for all, so the group's jobs share its rate, and above the largest packet (64 KB
+# TSO packets from the userspace datapath). htb lets a class at the head of the round send one packet whatever its
+# deficit, so with a 1514-byte quantum every class sent one packet per turn: per packet, not per byte, and a job
+# whose TCP made larger TSO packets got more (two Reno uploads of one group split 0.39 and 0.77, and 0.81 in a
+# two-job test that splits 0.99-1.00 with this quantum).
+QUANTUM = "131072"
 BURST_S = 0.01                            # bursts of 10 ms at the class's rate
 
 

@@ -296,7 +296,7 @@ def test_queue_plan_makes_a_class_and_filter_per_job_and_removes_only_what_it_ow
     assert leaves == {11: 0xF001, 12: 0xF002} and owned == {0xF001, 0xF002}
     assert cmds == [
         ["class", "add", "dev", "wan0", "parent", "1:2", "classid", "1:f002", "htb", "rate", "8kbit", "ceil", "20mbit",
-         "cburst", "25000b", "quantum", "1514"],
+         "cburst", "25000b", "quantum", "131072"],
         ["filter", "add", "dev", "wan0", "parent", "1:", "protocol", "ip", "prio", "19456", "u32", "match", "ip",
          "src", "10.77.1.2/32", "flowid", "1:f002"]]
     # nothing registered yet (controller just restarted): a class nobody claimed stays until reconciliation
@@ -373,7 +373,7 @@ def test_a_groups_new_rate_reaches_the_classes_of_its_jobs():
     cmds, leaves = plan_port("wan0", {11: JobQueue(2, frozenset({"10.77.1.1", "fd77::1"}), 900)}, state, {}, set())
     assert leaves == {11: 0xF001}
     assert ["class", "change", "dev", "wan0", "parent", "1:2", "classid", "1:f001", "htb", "rate", "8kbit", "ceil",
-            "900mbit", "cburst", "1125000b", "quantum", "1514"] in cmds
+            "900mbit", "cburst", "1125000b", "quantum", "131072"] in cmds
 
 
 def test_a_wan_ports_device_is_looked_up_once_not_at_every_registration(monkeypatch):
