@@ -108,6 +108,9 @@ def test_missing_runs_show_as_dashes_and_fail_the_goal():
     assert math.isnan(rows[0].speedup)
     assert rows[0].speedup != rows[0].speedup and bench.fig12_table(rows).splitlines()[1].split()[-1] == "met"
     assert "NOT met" in bench.fig12_table(bench.fig12_rows({2: {"goodput": {"cms-a": 700.0}}}, {}))
+    # a job that could not upload at all without management has no finite speed-up (one run printed 44522.5)
+    stuck = bench.fig12_rows({15: {"goodput": {"cms-a": 853.7}}}, {15: {"goodput": {"cms-a": 0.02}}})
+    assert math.isnan(stuck[0].speedup) and bench.fig12_table(stuck).splitlines()[1].split()[-4:-2] == ["-", "25.2"]
 
 
 def test_summary_line_counts_every_managed_group_aggregate():
