@@ -60,6 +60,7 @@ import json
 import logging
 import math
 import os
+import re
 import selectors
 import signal
 import socket
@@ -134,6 +135,13 @@ def series(samples: list[tuple[float, dict]], addrs: list[str], t_ref: float, t_
     return out
 
 
+def socket_drops(ss_output: str) -> int:
+    """Packets the kernel dropped at the packet sockets `ss -0 -m -a -n` lists (its skmem `d` counters): in the
+    core namespace, the userspace datapath's per-port receive sockets, which overflow when its thread falls behind
+    (the job's TCP then loses a 64 KB TSO packet at once)."""
+    return sum(int(m) for m in re.findall(r"skmem:\([^)]*\bd(\d+)\)", ss_output))
+
+
 def within(value: float, target: float, tol: float = GOAL_RATE) -> bool:
     return not math.isnan(value) and abs(value / target - 1) <= tol
 
@@ -179,6 +187,7 @@ class Fig12Row:
     others_without: float
     others_min_with: float = float("nan")
     others_max_with: float = float("nan")
+    switch_drops_with: int | None = None  # packets the core's packet sockets dropped during the managed round
 
     @property
     def cms_ratio(self) -> float:
@@ -221,11 +230,12 @@ def fig10_table(f: Fig10) -> str:
 
 
 def fig12_table(rows: list[Fig12Row]) -> str:
-    out = [["N", "cms with", "cms/900", "others with (sum)", "other job min-max", "cms without",
+    out = [["N", "cms with", "cms/900", "others with (sum)", "other job min-max", "switch drops", "cms without",
             "others without (sum)", "speed-up", "paper", "goal"]]
     for r in rows:
         out.append([str(r.n), _fmt(r.cms_with, ".1f"), _fmt(r.cms_ratio, ".3f"), _fmt(r.others_with, ".1f"),
                     f"{_fmt(r.others_min_with, '.1f')}-{_fmt(r.others_max_with, '.1f')}",
+                    "-" if r.switch_drops_with is None else str(r.switch_drops_with),
                     _fmt(r.cms_without, ".1f"), _fmt(r.others_without, ".1f"), _fmt(r.speedup, ".1f"),
                     _fmt(r.paper, ".1f") if r.paper is not None else "-",
                     "met" if within(r.cms_with, FIG12_RATES["cms"]) else "NOT met"])
@@ -468,6 +478,11 @@ class Bench:
                 os.kill(p.pid, signal.SIGKILL)
                 p.wait(5)
 
+    def switch_drops(self) -> int | None:
+        """socket_drops of the core switch's namespace now (None if ss cannot tell)."""
+        cp = self.pool.run(self.pool.in_ns("core", ["ss", "-0", "-m", "-a", "-n"]), check=False)
+        return socket_drops(cp.stdout) if cp.returncode == 0 else None
+
     # -- controller
     def status(self) -> dict:
         cp = self.pool.controller_cli("status", "--config", str(self.pool.POOL / "controller.toml"), "--json")
@@ -580,6 +595,7 @@ class Bench:
         self.k += 1
         seconds = self.args.seconds
         before = self.group_bytes()  # nothing uploads between rounds: the meters' counters stand still
+        drops_before = self.switch_drops()
         start_at = time.time() + 2.0
         for j in self.jobs:
             self._put(self.path(j) / f"round-{self.k}.json",
@@ -589,7 +605,9 @@ class Bench:
         after = self.group_bytes()
         samples = read_samples(self.samples_path)
         t0, t1 = start_at + WARMUP, start_at + seconds - TAIL
+        drops = self.switch_drops()
         res = {"name": name, "start_at": start_at, "seconds": seconds, "goodput": {}, "series": {}, "sent": {},
+               "switch_drops": None if drops is None or drops_before is None else drops - drops_before,
                # what each group's meter took in (it counts what it then drops) or its queue sent, over the round
                "offered": {g: (after[g] - before.get(g, 0)) * 8 / seconds / 1e6 for g in after}}
         for label in senders:
@@ -632,7 +650,8 @@ def fig12_rows(managed: dict[int, dict], unmanaged: dict[int, dict]) -> list[Fig
         others_wo = [v for k, v in wo["goodput"].items() if k.startswith("other-")]
         rows.append(Fig12Row(n, w["goodput"].get("cms-a", nan), wo["goodput"].get("cms-a", nan),
                              sum(others_w) if others_w else nan, sum(others_wo) if others_wo else nan,
-                             min(others_w) if others_w else nan, max(others_w) if others_w else nan))
+                             min(others_w) if others_w else nan, max(others_w) if others_w else nan,
+                             w.get("switch_drops")))
     return rows
 
 

@@ -182,3 +182,16 @@ def test_management_off_with_queues_keeps_the_mechanism_so_the_controller_remove
     cfg = from_mapping(tomllib.loads(pool.controller_config(off)), base_dir=str(pool.POOL))
     assert cfg.wan_groups == [] and cfg.wan_mechanism == "queue" and cfg.wan_tc_netns == "lark-pool-core"
     assert bench.wan_policies(None, "meter", **bench.queue_place(pool)) == ""
+
+
+def test_switch_drops_are_summed_from_the_packet_sockets_and_shown_per_managed_round():
+    """The core's packet sockets (ss -0 -m): a receive socket that overflowed shows d>0; the Fig. 12 table gives the
+    drops of each managed round next to the cms job's goodput (a dip without drops would be something else)."""
+    ss = ("p_raw UNCONN 0 0 [0]:* * skmem:(r0,rb212992,t0,tb212992,f0,w0,o176,bl0,d3155)\n"
+          "p_raw UNCONN 0 0 [0]:* * skmem:(r0,rb212992,t170432,tb212992,f0,w0,o0,bl0,d0)\n"
+          "p_raw UNCONN 0 0 [0]:* * skmem:(r0,rb212992,t0,tb212992,f0,w0,o176,bl0,d4640)\n")
+    assert bench.socket_drops(ss) == 7795 and bench.socket_drops("") == 0
+    rows = bench.fig12_rows({8: {"goodput": {"cms-a": 848.1, "other-1": 96.0}, "switch_drops": 212}},
+                            {8: {"goodput": {"cms-a": 135.5}}})
+    cells = bench.fig12_table(rows).splitlines()[1].split()
+    assert rows[0].switch_drops_with == 212 and cells[:6] == ["8", "848.1", "0.942", "96.0", "96.0-96.0", "212"]
