@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "testbed"))
 import pool  # noqa: E402
 import pool_probe  # noqa: E402
+from pool_probe import policy_mismatches  # noqa: E402
 
 log = logging.getLogger("demo-pool")
 WHY = {
@@ -57,7 +58,15 @@ def main() -> int:
         if status:
             print("\nlark-controller status while the jobs ran:")
             print(status[0])
-        return 0 if all(j.seen for j in jobs) else 1
+        wrong = policy_mismatches(jobs)
+        pairs = len(jobs) * len(jobs)          # each job: every other job and the WAN
+        if wrong:
+            print(f"\nthe policies did NOT hold for {len(wrong)} of {pairs} outcomes:")
+            for line in wrong:
+                print(f"  {line}")
+            return 1
+        print(f"\nevery outcome is what the policies say ({pairs} of {pairs})")
+        return 0
     finally:
         pool.down()
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

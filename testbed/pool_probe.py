@@ -195,5 +195,27 @@ def table(jobs: list[ProbeJob]) -> str:
     return "\n".join(lines)
 
 
+def expected(src: ProbeJob, dst: str) -> str:
+    """What pool.SDN_POLICIES let `src` see of peer `dst` (a label) or of "wan": "reached" or "blocked" for a peer,
+    "wan0", "wan1" or "blocked" for the WAN. carol is dropped both ways; peers of another owner are sliced off;
+    the students group has no WAN; bob's WAN traffic leaves through wan1."""
+    if src.user == "carol" or dst.startswith("carol"):
+        return "blocked"
+    if dst == "wan":
+        return "blocked" if "students" in src.extra else ("wan1" if src.user == "bob" else "wan0")
+    return "reached" if dst.split("@")[0].rstrip("0123456789") == src.user else "blocked"
+
+
+def policy_mismatches(jobs: list[ProbeJob]) -> list[str]:
+    """Every (job, peer or WAN) whose outcome is not what pool.SDN_POLICIES say (a missing result counts)."""
+    out = []
+    for j in jobs:
+        for dst in [*(o.label for o in jobs if o is not j), "wan"]:
+            want, got = expected(j, dst), j.seen.get(dst, "no result")
+            if _short(got) != want:
+                out.append(f"{j.label} -> {dst}: expected {want}, saw {got}")
+    return out
+
+
 def _short(v: str) -> str:
     return "reached" if v == "reached" else ("blocked" if v.startswith("blocked") else v)

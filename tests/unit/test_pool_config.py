@@ -66,3 +66,33 @@ def test_controller_certificates_pass_strict_x509_verification(tmp_path):
     cp = subprocess.run(["openssl", "verify", "-x509_strict", "-CAfile", str(tmp_path / "ca.pem"),
                          str(tmp_path / "controller.pem"), str(tmp_path / "ep1.pem")], capture_output=True, text=True)
     assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+def test_demo_pool_checks_what_the_jobs_saw_against_the_policies():
+    """make demo-pool exits 1 when a job saw something the policies forbid (or missed what they allow)."""
+    import pool_probe
+    jobs = pool_probe.policy_jobs()
+    right = {
+        "alice@ep1": {"alice2@ep1": "reached", "bob@ep1": "blocked (timed out)", "alice@ep2": "reached",
+                      "bob@ep2": "blocked (timed out)", "carol@ep2": "blocked (timed out)", "wan": "wan0"},
+        "alice2@ep1": {"alice@ep1": "reached", "bob@ep1": "blocked (x)", "alice@ep2": "reached", "bob@ep2": "blocked",
+                       "carol@ep2": "blocked", "wan": "wan0"},
+        "bob@ep1": {"alice@ep1": "blocked", "alice2@ep1": "blocked", "alice@ep2": "blocked", "bob@ep2": "reached",
+                    "carol@ep2": "blocked", "wan": "wan1"},
+        "alice@ep2": {"alice@ep1": "reached", "alice2@ep1": "reached", "bob@ep1": "blocked", "bob@ep2": "blocked",
+                      "carol@ep2": "blocked", "wan": "blocked (timed out)"},
+        "bob@ep2": {"alice@ep1": "blocked", "alice2@ep1": "blocked", "bob@ep1": "reached", "alice@ep2": "blocked",
+                    "carol@ep2": "blocked", "wan": "wan1"},
+        "carol@ep2": {"alice@ep1": "blocked", "alice2@ep1": "blocked", "bob@ep1": "blocked", "alice@ep2": "blocked",
+                      "bob@ep2": "blocked", "wan": "blocked"},
+    }
+    for j in jobs:
+        j.seen = dict(right[j.label])
+    assert pool_probe.policy_mismatches(jobs) == []
+    jobs[5].seen["alice@ep1"] = "reached"          # carol got through
+    jobs[2].seen["wan"] = "wan0"                   # bob not steered
+    del jobs[0].seen["bob@ep2"]                    # a probe that never reported
+    assert pool_probe.policy_mismatches(jobs) == [
+        "alice@ep1 -> bob@ep2: expected blocked, saw no result",
+        "bob@ep1 -> wan: expected wan1, saw wan0",
+        "carol@ep2 -> alice@ep1: expected blocked, saw reached"]
