@@ -211,11 +211,27 @@ def tc_argv(netns: str = "") -> list[str]:
     return ["tc", "-netns", netns] if netns else ["tc"]
 
 
+def ip_argv(netns: str = "") -> list[str]:
+    return ["ip", "-netns", netns] if netns else ["ip"]
+
+
 def device_exists(dev: str, netns: str = "") -> bool:
     if not netns:
         return os.path.exists(f"/sys/class/net/{dev}")
-    cp = subprocess.run(["ip", "-netns", netns, "link", "show", "dev", dev], capture_output=True, timeout=10)
+    cp = subprocess.run([*ip_argv(netns), "link", "show", "dev", dev], capture_output=True, timeout=10)
     return cp.returncode == 0
+
+
+def tc_show(dev: str, netns: str, *what: str, check: bool = True) -> str:
+    """`tc [-json] KIND show dev DEV [...]`'s output; with `check`, a failure names the port and the fix."""
+    json_ = ["-json"] if what[0] == "filter" else []
+    cp = subprocess.run([*tc_argv(netns), *json_, what[0], "show", "dev", dev, *what[1:]], capture_output=True,
+                        text=True, timeout=30)
+    if cp.returncode and check:
+        raise LarkError(f"tc cannot read its {what[0]}{'es' if what[0].endswith('s') else 's'}: {cp.stderr.strip()}", obj=f"WAN port {dev}",
+                        fix="run the controller on the switch host, in the WAN ports' network namespace "
+                            "(or name it in [wan] tc_netns)")
+    return cp.stdout
 
 
 def tc_batch(commands: list[list[str]], what: str, netns: str = "") -> None:
@@ -231,16 +247,8 @@ def tc_batch(commands: list[list[str]], what: str, netns: str = "") -> None:
 
 
 def tc_read(dev: str, netns: str = "") -> TcState:
-    def show(kind: str) -> str:
-        cp = subprocess.run([*tc_argv(netns), *(["-json"] if kind == "filter" else []), kind, "show", "dev", dev],
-                            capture_output=True, text=True, timeout=30)
-        if cp.returncode:
-            raise LarkError(f"tc cannot read its {kind}es: {cp.stderr.strip()}", obj=f"WAN port {dev}",
-                            fix="run the controller on the switch host, in the WAN ports' network namespace "
-                                "(or name it in [wan] tc_netns)")
-        return cp.stdout
-    classes = show("class")
-    return TcState(parse_classes(classes), parse_filters(show("filter")), parse_ceils(classes))
+    classes = tc_show(dev, netns, "class")
+    return TcState(parse_classes(classes), parse_filters(tc_show(dev, netns, "filter")), parse_ceils(classes))
 
 
 def bounce_name(dev: str) -> str:
@@ -289,25 +297,17 @@ def plan_bounce(dev: str, on: bool, st: BounceState) -> tuple[list[list[str]], l
 
 
 def bounce_read(dev: str, netns: str = "") -> BounceState:
-    def run(argv: list[str]) -> subprocess.CompletedProcess:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30)
-    qd = run([*tc_argv(netns), "qdisc", "show", "dev", dev])
-    if qd.returncode:
-        raise LarkError(f"tc cannot read its qdiscs: {qd.stderr.strip()}", obj=f"WAN port {dev}",
-                        fix="run the controller on the switch host, in the WAN ports' network namespace (or name it "
-                            "in [wan] tc_netns)")
+    qdiscs = tc_show(dev, netns, "qdisc")
     filters = ""
-    if re.search(r"^qdisc clsact ", qd.stdout, re.M):
+    if re.search(r"^qdisc clsact ", qdiscs, re.M):
         for hook in ("egress", "ingress"):
-            filters += run([*tc_argv(netns), "-json", "filter", "show", "dev", dev, hook]).stdout.strip() + "\n"
-    link = run([*(["ip", "-n", netns] if netns else ["ip"]), "link", "show", "dev", bounce_name(dev)])
-    return parse_bounce(qd.stdout, filters, link.returncode == 0)
+            filters += tc_show(dev, netns, "filter", hook, check=False).strip() + "\n"
+    return parse_bounce(qdiscs, filters, device_exists(bounce_name(dev), netns))
 
 
 def ip_run(commands: list[list[str]], what: str, netns: str = "") -> None:
     for argv in commands:
-        cp = subprocess.run([*(["ip", "-n", netns] if netns else ["ip"]), *argv], capture_output=True, text=True,
-                            timeout=30)
+        cp = subprocess.run([*ip_argv(netns), *argv], capture_output=True, text=True, timeout=30)
         if cp.returncode:
             raise LarkError(f"`ip {' '.join(argv)}` failed: {cp.stderr.strip()}", obj=what,
                             fix="the kernel needs the ifb module (modprobe ifb); see `ip link show type ifb`")
