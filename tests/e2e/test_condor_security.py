@@ -135,3 +135,6 @@ def test_a_job_cannot_write_its_own_figures_and_its_last_bytes_reach_history(poo
 
     with pytest.raises(RuntimeError, match="written by Lark"):
         submit("sec-preset", job(args="-c pass", extra="+NetworkIncomingBytes = 0"))
+    # figures larkd writes only when they apply (no inbound port asked): a preset one would survive into history
+    with pytest.raises(RuntimeError, match="written by Lark"):
+        submit("sec-preset", job(args="-c pass", extra="+LarkInboundPort = 5000"))
