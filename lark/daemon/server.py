@@ -358,8 +358,6 @@ class Larkd:
                 key = job_key(starter.slot)
             else:
                 key = job_key(str(msg.get("slot", "")))
-            if msg.get("fresh") and key in self.active:
-                await self.loop.run_in_executor(self.pool, self.acct.poll)
             return protocol.ok(**self.stats(key))
         if op == "push":
             return await self.op_push(who)
