@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import threading
 
 from ...errors import LarkError
@@ -23,22 +24,29 @@ NFT_CTX_OUTPUT_JSON = 1 << 4
 _LIBRARY_LOCK = threading.RLock()   # every libnftables call, whatever the context (see above)
 
 
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    """libnftables, loaded and typed once per process: find_library runs `ldconfig -p` (about 4 ms), and
+    run_in_netns makes a context per job netns, under the lock."""
+    lib = ctypes.CDLL(ctypes.util.find_library("nftables") or "libnftables.so.1")
+    lib.nft_ctx_new.restype = ctypes.c_void_p
+    lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+    lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+    lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+    lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+    lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
+    return lib
+
+
 class LibNft:
     def __init__(self) -> None:
-        name = ctypes.util.find_library("nftables") or "libnftables.so.1"
-        lib = ctypes.CDLL(name)
-        lib.nft_ctx_new.restype = ctypes.c_void_p
-        lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
-        lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
-        lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
-        lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
-        lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
-        lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
-        lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
-        lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
-        lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-        lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
-        lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
+        lib = _library()
         self.lib = lib
         with _LIBRARY_LOCK:
             self.ctx = lib.nft_ctx_new(0)
