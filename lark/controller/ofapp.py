@@ -252,11 +252,15 @@ class LarkSwitchApp(app_manager.OSKenApp):
                 done.append(sw)
             except (SwitchError, LarkError) as e:
                 errors.append(str(e))
-        try:
-            self.wan.classify()                  # queues on a userspace datapath: tc by source address (wan_queue)
-        except LarkError as e:
-            errors.append(str(e))
-        for sw in done:
+        # Only a change that touches a WAN group pays for classify (tc processes with queues) and only one that
+        # removes jobs can free a limit: a registration that only adds jobs outside the groups skips both (a
+        # delete that failed earlier is retried by reconciliation, which releases everything unused).
+        if limits or any(self.wan.plan.limits_in(e.flows) for e in remove):
+            try:
+                self.wan.classify()              # queues on a userspace datapath: tc by source address (wan_queue)
+            except LarkError as e:
+                errors.append(str(e))
+        for sw in done if removes else []:
             try:
                 self.wan.release(sw)             # and is removed after the last flow naming it
             except (SwitchError, LarkError) as e:
