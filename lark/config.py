@@ -55,6 +55,10 @@ class Config:
     # runs, and at its end; 0 = off. Only with ad_source = "startd" (the other source knows no schedd).
     schedd_push_interval: float = 60.0
     schedd_push_retry: float = 600.0    # keep retrying a job's final push this long (s)
+    # The job's wrapper stays the job's parent and, when the job ends, waits up to this long (s) for larkd (also
+    # while condor_master restarts it) to write the final figures before the job leaves; 0 = no barrier (the
+    # wrapper execs the job and the figures come from larkd's periodic and final pushes only).
+    exit_barrier_wait: float = 60.0
     # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
     # management address: the figures name slots and running job ids.
     metrics_address: str = ""
@@ -186,6 +190,9 @@ class Config:
                 raise bad(key, f"{getattr(self, key)!r} is out of 1-1000", "use a small number such as 8")
         if self.schedd_push_interval < 0 or self.schedd_push_retry < 0:
             raise bad("schedd_push_interval", "must not be negative", "use seconds, e.g. 60; 0 turns pushing off")
+        if not 0 <= self.exit_barrier_wait <= 3600:
+            raise bad("exit_barrier_wait", f"{self.exit_barrier_wait!r} is out of 0-3600",
+                      "use seconds, e.g. 60 (longer than condor_master takes to restart larkd); 0 turns it off")
         if self.check_min_interval < 0:
             raise bad("check_min_interval", "must not be negative", "use seconds, e.g. 5")
         if self.poll_interval <= 0 or self.request_timeout <= 0:

@@ -2,11 +2,11 @@
 
 Hooks run as the job's user in the host's namespace, and a chirp path to these attributes would be the job's too,
 so nothing the job can reach writes them. larkd edits the job ad at the job's schedd with htcondor2 (as
-`condor_qedit` would): every `schedd_push_interval` while the job runs, at the job's end when its JOB_EXIT hook
-asks (`push`: the starter waits for the hook, so the job is still queued), and once more at teardown if the
-counters changed since; a final push that fails is retried for `schedd_push_retry` seconds. If larkd is down when the job ends,
-the job's history keeps the last periodic push (at most one interval plus the downtime old) and larkd's finished
-record keeps the exact figures (`lark report`).
+`condor_qedit` would): every `schedd_push_interval` while the job runs, at the job's end when its wrapper
+asks (`push`: the starter waits for the wrapper, which is the job's process, so the job is still queued), and once
+more at teardown if the counters changed since; a final push that fails is retried for `schedd_push_retry`
+seconds. If larkd is down when the job ends, the wrapper waits for it up to `exit_barrier_wait`; past that the
+job's history keeps the last periodic push and larkd's finished record keeps the exact figures (`lark report`).
 
 For the job not to overwrite them, the schedd and shadow must refuse the job's own updates of these attributes:
 list them in PROTECTED_JOB_ATTRS on the access point (docs/design.md, "Threat model"); larkd's identity (root on
@@ -69,7 +69,7 @@ class AdPusher:
         self.edit = edit or htcondor_edit
         self.pending: dict[str, Pending] = {}   # key -> a final push not yet accepted
         # key -> (job id, its counters in the last push its schedd took): a final push that would say the same
-        # is not sent (after the JOB_EXIT barrier's push the job usually leaves the queue before teardown)
+        # is not sent (after the exit barrier's push the job usually leaves the queue before teardown)
         self.last_counters: dict[str, tuple[str, dict[str, str]]] = {}
         self._warned: dict[str, float] = {}
 
@@ -98,7 +98,7 @@ class AdPusher:
         last_job, last = self.last_counters.pop(key, ("", {}))
         if last_job == job_id and last and last == counters(job_attributes(stats)):
             self.pending.pop(key, None)
-            return True   # its schedd already has these counters (the JOB_EXIT barrier's push)
+            return True   # its schedd already has these counters (the exit barrier's push)
         if self.push(key, global_job_id, job_id, stats):
             self.last_counters.pop(key, None)
             self.pending.pop(key, None)

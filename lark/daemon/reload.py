@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 LIVE_FIELDS = frozenset({
     "poll_interval", "request_timeout", "callout", "callout_timeout", "starter_paths", "default_bandwidth",
     "default_network_type", "dhcp_release", "dhcp_renew_interval", "finished_keep",
+    "exit_barrier_wait",
 })
 
 

@@ -34,7 +34,7 @@ from .sweep import sweep
 log = logging.getLogger("larkd")
 LISTEN_BACKLOG = 1024
 EARLY_REPUSH_S = 5.0   # a running job's second push to its schedd comes this soon after its first
-PUSH_REQUEST_MIN_S = 2.0  # a job's own `push` requests (the JOB_EXIT barrier) reach its schedd at most this often
+PUSH_REQUEST_MIN_S = 2.0  # a job's own `push` requests (the exit barrier) reach its schedd at most this often
 CHECK_REUSE_SECONDS = 120.0  # PREPARE_JOB runs seconds before the wrapper; longer means something else
 
 
@@ -54,7 +54,7 @@ class Larkd:
         self.pool = concurrent.futures.ThreadPoolExecutor(cfg.setup_workers, thread_name_prefix="lark-setup")
         # Edits at the schedd wait on the network and the schedd: never in the setup workers, where a slow
         # schedd would hold up the next jobs' setups. One thread: pushes reach the schedd in the order they were
-        # asked for, so a periodic push that read older counters never lands after the JOB_EXIT barrier's.
+        # asked for, so a periodic push that read older counters never lands after the exit barrier's.
         self.push_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lark-push")
         self.active: set[str] = set()          # keys with a live job or a setup in flight
         self.slot_locks: dict[str, asyncio.Lock] = {}
@@ -360,7 +360,7 @@ class Larkd:
                 key = job_key(str(msg.get("slot", "")))
             return protocol.ok(**self.stats(key))
         if op == "push":
-            return await self.op_push(who)
+            return await self.op_push(who, barrier=msg.get("barrier") is True)
         if op == "totals":
             # Anyone may ask (the startd's cron runs as the condor user): node-wide sums only, no job named.
             return protocol.ok(**node_totals(self, self.uplink_mbit))
@@ -374,26 +374,31 @@ class Larkd:
             return protocol.ok(actions=actions, dry_run=dry)
         raise LarkError(f"operation {op} not handled", obj="protocol")
 
-    async def op_push(self, who: peercred.Peer) -> bytes:
-        """The JOB_EXIT hook's barrier: larkd reads the job's counters now and writes its figures into its ad at
-        its schedd itself (as root), then answers; the starter waits for the hook, so the job is still in the
-        queue and its history gets these figures. The hook only asks: it carries no figure, so a job that
-        tampers with it can at most skip the barrier (the periodic and the final push still happen)."""
+    async def op_push(self, who: peercred.Peer, barrier: bool = False) -> bytes:
+        """The exit barrier: the job's wrapper, once the job's program has ended, asks larkd to read the job's
+        counters now and write its figures into its ad at its schedd itself (as root), then answers; the
+        starter waits for the wrapper, so the job is still in the queue and its history gets these figures. The
+        wrapper only asks: it carries no figure, so a job that tampers with it can at most skip the barrier
+        (the periodic and the final push still happen)."""
         starter = peercred.find_starter(who.pid, self.cfg.starter_paths)
         if starter is None:
-            raise LarkError("only a job's own hook may ask larkd to push its figures",
+            raise LarkError("only a job's own processes may ask larkd to push its figures",
                             obj=f"pid {who.pid} uid {who.uid}",
-                            fix="configure lark-hook as the JOB_EXIT hook (condor_config.d/50-lark.conf)")
+                            fix="run jobs through lark-job-wrapper (condor_config.d/50-lark.conf)")
         key = job_key(starter.slot)
         pin = self._pin(key)
         if self.pusher is None or pin is None or not pin.global_job_id:
             return protocol.ok(pushed=False, reason="no schedd push for this job (ad_source or push interval)")
         now = time.monotonic()
         # A job looping on `push` must not flood its schedd; only these requests count here, not the periodic
-        # pushes (one may have gone out just before the job ended).
+        # pushes (one may have gone out just before the job ended). The barrier waits its turn instead of
+        # being refused: a job that pushed just before it ended must not cost the wrapper its barrier.
         job, asked = self.push_requests.get(key, ("", -1e9))
         if job == pin.job_id and now - asked < PUSH_REQUEST_MIN_S:
-            return protocol.ok(pushed=False, reason="pushed moments ago")
+            if not barrier:
+                return protocol.ok(pushed=False, reason="pushed moments ago")
+            await asyncio.sleep(PUSH_REQUEST_MIN_S - (now - asked))
+            now = time.monotonic()
         self.push_requests[key] = (pin.job_id, now)
         pushed_job, _, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
         pushes = pushes if pushed_job == pin.job_id else 0
@@ -429,7 +434,8 @@ class Larkd:
             if rec is not None:
                 same_starter = rec.starter_pid == starter.pid and rec.starter_start == starter.start
                 if same_starter and rec.netns_inode == job_ns and rec.phase == "ready":
-                    return protocol.ok(plan=rec.plan, env=env_for(rec.plan), reused=True)
+                    return protocol.ok(plan=rec.plan, env=env_for(rec.plan), reused=True,
+                                       exit_barrier=self.cfg.exit_barrier_wait)
                 if same_starter:
                     raise LarkError("this slot's job already has a network in another namespace",
                                     job=rec.job_id, obj=f"slot {starter.slot}",
@@ -457,7 +463,7 @@ class Larkd:
                 self.watch(key, starter.pid, starter.start)
             log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, rec.plan["network_type"],
                      rec.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
-            return protocol.ok(plan=rec.plan, env=env_for(rec.plan))
+            return protocol.ok(plan=rec.plan, env=env_for(rec.plan), exit_barrier=self.cfg.exit_barrier_wait)
 
     def pin(self, starter: peercred.StarterInfo, key: str, job_ns: int) -> Pin:
         """The namespace this starter's job was first networked in; refuse any other, even after a release."""

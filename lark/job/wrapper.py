@@ -1,13 +1,23 @@
-"""lark-job-wrapper: HTCondor's USER_JOB_WRAPPER. Get the job its network, then become the job.
+"""lark-job-wrapper: HTCondor's USER_JOB_WRAPPER. Get the job its network, run the job, then hold the exit barrier.
 
 The job never runs without the network it asked for: on any failure the wrapper exits 111 (EXIT_NO_NETWORK) with
 the reason on stderr and in $_CONDOR_WRAPPER_ERROR_FILE. HTCondor 25.x does not act on that file, so the job's
 hold comes from the PREPARE_JOB hook (prepare_hook.py), which checks everything knowable before the job starts;
 what is left here is a failure between that check and the setup (larkd dying in that window, address pool
 exhausted), where the job ends with exit code 111 and the reason in its stderr.
+
+The exit barrier: the starter treats this process as the job, so while it lives the job has not ended. The wrapper
+therefore forks the job's program, passes on every signal the starter sends, and when the program has ended asks
+larkd to write the job's final figures into its ad (`push` with `barrier`), waiting for larkd up to the
+`exit_barrier_wait` larkd announced (condor_master restarts a dead larkd within ~20 s), then ends the way the
+program ended (same exit code, or the same signal). Why not HTCondor's JOB_EXIT hook: on 24.x and 25.x the starter
+exits as soon as that hook returns, in the middle of the job's output transfer, and the job is evicted and runs
+again without end (docs/design.md, "The exit barrier"). With `exit_barrier_wait = 0` the wrapper execs the job
+as before and there is no barrier.
 """
 from __future__ import annotations
 
+import _signal as signal  # the C module: `signal` imports enum, milliseconds of every job's start
 import os
 import sys
 
@@ -15,11 +25,21 @@ from .client import call_patiently
 from ..errors import LarkError
 
 EXIT_NO_NETWORK = 111
+EXIT_NOT_EXECUTED = 127
+# The wrapper never forwards these: they are the kernel's reports about the wrapper itself (or cannot be caught).
+NOT_FORWARDED = frozenset({signal.SIGCHLD, signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS,
+                           signal.SIGILL, signal.SIGFPE, signal.SIGTRAP, signal.SIGSYS, signal.SIGPIPE})
+# Python ignores these at start and exec keeps ignored signals ignored: the job gets the defaults back.
+RESTORED_IN_JOB = (signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def fail(reason: str) -> int:
     line = f"Lark: job not started, its network could not be set up: {reason}"
-    print(line, file=sys.stderr, flush=True)
+    say(line)
     err_file = os.environ.get("_CONDOR_WRAPPER_ERROR_FILE")
     if err_file:
         try:
@@ -28,6 +48,100 @@ def fail(reason: str) -> int:
         except OSError:
             pass
     return EXIT_NO_NETWORK
+
+
+def exec_job(argv: list[str]) -> None:
+    for sig in RESTORED_IN_JOB:
+        signal.signal(sig, signal.SIG_DFL)
+    os.execvp(argv[0], argv)
+
+
+class Forwarder:
+    """Signals for the wrapper go to the job's program: the starter signals the job's pid, which is this one."""
+
+    def __init__(self) -> None:
+        self.child = 0
+        self.pending: list[int] = []
+
+    def __call__(self, signum: int, _frame: object) -> None:
+        if self.child:
+            try:
+                os.kill(self.child, signum)
+            except ProcessLookupError:
+                pass
+        else:
+            self.pending.append(signum)  # arrived between installing the handlers and the fork
+
+    def install(self) -> None:
+        for sig in signal.valid_signals():
+            if sig in NOT_FORWARDED:
+                continue
+            try:
+                signal.signal(sig, self)
+            except (OSError, ValueError):
+                pass  # real-time signals glibc keeps for itself
+
+    def stop(self) -> None:
+        """The program has ended: its pid may be reused, and a signal now (condor_rm during the barrier) is for
+        the wrapper itself, with its default effect."""
+        self.child = 0
+        for sig in signal.valid_signals():
+            if sig not in NOT_FORWARDED and signal.getsignal(sig) is self:
+                signal.signal(sig, signal.SIG_DFL)
+
+    def started(self, child: int) -> None:
+        self.child = child
+        for signum in self.pending:
+            self(signum, None)
+        self.pending.clear()
+
+
+def spawn(argv: list[str], forwarder: Forwarder) -> int:
+    """Fork and exec the job's program; its pid. OSError (with the exec's errno) if it could not be executed."""
+    rfd, wfd = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the job's program: nothing here may return into the wrapper's code
+        try:
+            os.close(rfd)
+            exec_job(argv)
+        except OSError as e:
+            os.write(wfd, str(e.errno or 0).encode())
+        finally:
+            os._exit(EXIT_NOT_EXECUTED)
+    forwarder.started(pid)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as r:
+        errno_text = r.read()  # empty: the exec succeeded and closed the pipe
+    if errno_text:
+        os.waitpid(pid, 0)
+        err = int(errno_text)
+        raise OSError(err, os.strerror(err))
+    return pid
+
+
+def end_like(status: int) -> int:
+    """End this process the way the job's program ended, so the starter and the job's history see the same."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the program dumped its own core if it could
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
+        return 128 + sig  # a signal whose default is not to end the process
+    return os.waitstatus_to_exitcode(status)
+
+
+def barrier(wait: float) -> None:
+    """Ask larkd to write the job's final figures; never fails the job (its history keeps the last push)."""
+    try:
+        answer = call_patiently("push", wait=wait, timeout=30, barrier=True)
+    except LarkError as e:
+        say(f"Lark: the job's final network figures were not written into its ad ({e}); its history keeps the "
+            "last periodic figures and larkd's record keeps the exact ones")
+        return
+    if not answer.get("pushed") and answer.get("reason"):
+        say(f"Lark: final network figures not pushed: {answer['reason']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,11 +158,22 @@ def main(argv: list[str] | None = None) -> int:
     except LarkError as e:
         return fail(str(e))
     os.environ.update(answer.get("env", {}))
+    wait = answer.get("exit_barrier")
+    if not isinstance(wait, (int, float)) or wait <= 0:
+        try:
+            exec_job(argv)  # no barrier asked for (or a larkd from before it): become the job
+        except OSError as e:
+            return fail(f"cannot execute {argv[0]}: {e.strerror}")
+    forwarder = Forwarder()
+    forwarder.install()
     try:
-        os.execvp(argv[0], argv)
+        child = spawn(argv, forwarder)
     except OSError as e:
         return fail(f"cannot execute {argv[0]}: {e.strerror}")
-    return 0  # not reached
+    _, status = os.waitpid(child, 0)  # retried by Python after each forwarded signal (PEP 475)
+    forwarder.stop()
+    barrier(float(wait))
+    return end_like(status)
 
 
 if __name__ == "__main__":

@@ -140,8 +140,9 @@ def test_running_jobs_are_pushed_at_first_poll_again_soon_then_every_interval_an
 
 
 def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_path, monkeypatch):
-    """`push` (the JOB_EXIT hook's only request): larkd reads the counters and writes the job's ad itself; a
-    process outside any job cannot ask, and a job looping on it reaches its schedd at most every 2 s."""
+    """`push` (the wrapper's exit barrier): larkd reads the counters and writes the job's ad itself; a process
+    outside any job cannot ask, and a job looping on it reaches its schedd at most every 2 s. The barrier itself
+    is not refused for a push the job made moments before: it waits out the 2 s and goes."""
     from lark.daemon.pins import Pin
     d, _ = _daemon(tmp_path, monkeypatch)
     clock = [1000.0]
@@ -168,16 +169,26 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
         again = _answer(await d.dispatch({"op": "push"}, hook))
         clock[0] += 2.0
         later = _answer(await d.dispatch({"op": "push"}, hook))
-        return first, again, later
+        clock[0] += 0.5
+        barrier = _answer(await d.dispatch({"op": "push", "barrier": True}, hook))
+        return first, again, later, barrier
 
-    first, again, later = _run(d, flow)
+    slept = []
+
+    async def sleep(seconds):  # the loop's own clock is the patched one: time passes only here
+        slept.append(seconds)
+        clock[0] += seconds
+    monkeypatch.setattr(server_mod.asyncio, "sleep", sleep)
+    first, again, later, barrier = _run(d, flow)
     assert first["ok"] and first["pushed"] is True and later["pushed"] is True
     assert again["pushed"] is False and "moments ago" in again["reason"]
+    assert barrier["pushed"] is True and slept == [1.5]  # 0.5 s after the last push: it waited the other 1.5
     # Counters read fresh for each push that went out, and those are what was pushed.
-    assert d.pushed_at["slot1"] == ("3.0", 1003.0, 4)
-    assert polls == [1000.0, 1003.0] and pushed == [("ap#3.0#1", "3.0", {"bytes_in": 1}),
-                                                   ("ap#3.0#1", "3.0", {"bytes_in": 2})]
-    with pytest.raises(LarkError, match="only a job's own hook may ask larkd to push"):
+    assert d.pushed_at["slot1"] == ("3.0", 1005.0, 5)
+    assert polls == [1000.0, 1003.0, 1005.0] and pushed == [("ap#3.0#1", "3.0", {"bytes_in": 1}),
+                                                           ("ap#3.0#1", "3.0", {"bytes_in": 2}),
+                                                           ("ap#3.0#1", "3.0", {"bytes_in": 3})]
+    with pytest.raises(LarkError, match="only a job's own processes may ask larkd to push"):
         _run(d, lambda: d.dispatch({"op": "push"}, Peer(pid=1, uid=1000, gid=1000)))
 
 

@@ -343,13 +343,12 @@ def test_final_push_is_skipped_when_the_barrier_already_pushed_the_same_counters
     assert len(calls) == 5
 
 
-def test_job_exit_hook_asks_larkd_to_push_and_writes_nothing_itself(monkeypatch, capsys):
-    """The hook carries no figure (a traced or tampered hook cannot forge one): it only asks for `push`."""
+def test_obsolete_job_exit_hook_asks_nothing_writes_nothing_and_says_to_remove_it(monkeypatch, caplog):
+    """lark-hook stays only so that an old configuration naming it does not stall the starter: it carries no
+    figure, talks to no one, and tells the admin to remove the knob (a JOB_EXIT hook breaks file transfer)."""
     from lark.job import update_hook
-    asked = []
-    monkeypatch.setattr(update_hook, "call", lambda op, **kw: asked.append(op) or {"ok": True, "pushed": True})
     monkeypatch.setattr(update_hook.sys, "stdin", __import__("io").StringIO("Owner = \"alice\"\n"))
-    assert update_hook.main(["exit"]) == 0
-    assert update_hook.main([]) == 0            # configured as UPDATE_JOB_INFO (old config): nothing to do
-    assert asked == ["push"]
-    assert not hasattr(update_hook, "chirp_path") and "subprocess" not in vars(update_hook)
+    with caplog.at_level("WARNING", logger="lark-hook"):
+        assert update_hook.main(["exit"]) == 0
+    assert "remove LARK_HOOK_JOB_EXIT" in caplog.text
+    assert not {"call", "chirp_path", "subprocess", "socket"} & set(vars(update_hook))
