@@ -152,8 +152,47 @@ def ptrace_scope(path: str = YAMA_SCOPE) -> Finding:
     return Finding("ptrace", f"yama ptrace_scope {scope}", True, "jobs cannot trace Lark's hooks")
 
 
+def condor_param(run: Runner, name: str) -> str | None:
+    """One knob of HTCondor's configuration as condor_config_val prints it; None when it is not defined."""
+    rc, out = run(["condor_config_val", name])
+    return out.strip() if rc == 0 and out.strip() else None
+
+
+def job_exit_hook(run: Runner) -> Finding:
+    """Any JOB_EXIT hook breaks file-transfer jobs on HTCondor 24.x/25.x: the starter exits as soon as the hook
+    returns, which is during the output transfer, and the job is evicted and run again without end."""
+    hooks = []
+    for keyword_knob in ("STARTER_JOB_HOOK_KEYWORD", "STARTER_DEFAULT_JOB_HOOK_KEYWORD"):
+        keyword = condor_param(run, keyword_knob)
+        hook = condor_param(run, f"{keyword}_HOOK_JOB_EXIT") if keyword else None
+        if hook:
+            hooks.append(f"{keyword}_HOOK_JOB_EXIT = {hook}")
+    if not hooks:
+        return Finding("JOB_EXIT", "no JOB_EXIT hook", True, "lark-job-wrapper holds the exit barrier")
+    return Finding("JOB_EXIT", ", ".join(hooks), False,
+                   "the starter exits as soon as a JOB_EXIT hook returns, during the job's output transfer: "
+                   "file-transfer jobs are evicted and restarted without end",
+                   "remove " + ", ".join(h.partition(" =")[0] for h in hooks) +
+                   " from the configuration (Lark's barrier is in lark-job-wrapper), then condor_reconfig")
+
+
+def file_transfer(run: Runner) -> Finding:
+    """What of a job's data HTCondor moves outside the job's network (docs/design.md, "File transfer")."""
+    url = (condor_param(run, "ENABLE_URL_TRANSFERS") or "true").lower() not in ("false", "0", "no")
+    gaps = ["sandbox transfer to and from the shadow (HTCondor counts it in BytesRecvd / BytesSent)"]
+    if url:
+        gaps.append("URL transfers by the pool's plugins")
+    return Finding("transfer", "; ".join(gaps), not url,
+                   "run by the starter in this machine's network namespace, not the job's: not limited to the "
+                   "job's Bandwidth, not in its Network* figures, not filtered; submitters' own plugins are "
+                   "refused at submit (55-lark-access-point.conf)",
+                   "ENABLE_URL_TRANSFERS = False on this execution point if URL transfers must not bypass the "
+                   "job's network (jobs with URL inputs or outputs then fail)" if url else "")
+
+
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
-    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), ptrace_scope()]
+    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), ptrace_scope(),
+            job_exit_hook(run), file_transfer(run)]
 
 
 def report(findings: list[Finding]) -> tuple[str, int]:

@@ -194,3 +194,32 @@ def test_ptrace_scope_finding(tmp_path):
     assert not zero.ok and "kernel.yama.ptrace_scope=1" in zero.fix
     f.write_text("1\n")
     assert ptrace_scope(str(f)).ok and ptrace_scope(str(f)).fix == ""
+
+
+def config_runner(params: dict):
+    """condor_config_val NAME -> the value, or exit 1 when the knob is not defined (as the real tool does)."""
+    def run(argv):
+        if argv[0] != "condor_config_val":
+            return 127, ""
+        value = params.get(argv[1])
+        return (0, value + "\n") if value is not None else (1, "")
+    return run
+
+
+def test_a_job_exit_hook_under_either_keyword_is_reported_with_the_knob_to_remove():
+    assert hostcheck.job_exit_hook(config_runner({"STARTER_JOB_HOOK_KEYWORD": "LARK",
+                                                  "LARK_HOOK_PREPARE_JOB": "/opt/lark/bin/lark-prepare-job"})).ok
+    f = hostcheck.job_exit_hook(config_runner({"STARTER_JOB_HOOK_KEYWORD": "LARK",
+                                               "LARK_HOOK_JOB_EXIT": "/opt/lark/bin/lark-hook"}))
+    assert not f.ok and "output transfer" in f.action and f.fix.startswith("remove LARK_HOOK_JOB_EXIT")
+    f = hostcheck.job_exit_hook(config_runner({"STARTER_DEFAULT_JOB_HOOK_KEYWORD": "SITE",
+                                               "SITE_HOOK_JOB_EXIT": "/usr/local/bin/site-exit"}))
+    assert not f.ok and "SITE_HOOK_JOB_EXIT = /usr/local/bin/site-exit" in f.found
+    assert hostcheck.job_exit_hook(fake_runner({})).ok  # no HTCondor configuration at all: no hook
+
+
+def test_transfer_gap_is_named_and_url_transfers_off_closes_the_part_lark_can_close():
+    on = hostcheck.file_transfer(config_runner({}))
+    assert not on.ok and "URL transfers" in on.found and "ENABLE_URL_TRANSFERS = False" in on.fix
+    off = hostcheck.file_transfer(config_runner({"ENABLE_URL_TRANSFERS": "False"}))
+    assert off.ok and "URL" not in off.found and "sandbox transfer" in off.found and not off.fix
