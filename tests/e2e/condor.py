@@ -1,6 +1,7 @@
 """Helpers for end-to-end tests: run HTCondor tools as a pool user inside the testbed, submit, wait."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -9,6 +10,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "testbed"))
 import testbed  # noqa: E402
+
+_config = os.environ.get("CONDOR_CONFIG")
+from htcondor2 import JobEventLog, JobEventType  # noqa: E402
+# Finding no HTCondor on this host, the bindings set CONDOR_CONFIG=/dev/null for the whole process; the HTCondor
+# tools the tests run in the pool's root (some without `env -i`) would then read no configuration at all.
+if _config is None:
+    os.environ.pop("CONDOR_CONFIG", None)
 
 
 def as_user(argv: list[str], user: str = "alice", cwd: str | None = None) -> subprocess.CompletedProcess:
@@ -25,17 +33,50 @@ def as_alice(argv: list[str], cwd: str = "/home/alice") -> subprocess.CompletedP
     return as_user(argv, "alice", cwd)
 
 
+SUBMITTED: dict[int, Path] = {}  # cluster -> its submit directory (where its event log is)
+# Events that mean a start the test did not ask for: the job was evicted, lost its starter or shadow.
+UNASKED = {JobEventType.JOB_EVICTED: "evicted", JobEventType.SHADOW_EXCEPTION: "shadow exception",
+           JobEventType.JOB_RECONNECT_FAILED: "reconnect failed", JobEventType.JOB_DISCONNECTED: "disconnected"}
+
+
 def submit(name: str, body: str, user: str = "alice") -> int:
-    return testbed.submit_as(user, name, body)
+    cluster = testbed.submit_as(user, name, body)
+    SUBMITTED[cluster] = testbed.ROOT / "home" / user / name
+    return cluster
 
 
-def history(cluster: int, attrs: list[str], timeout: float = 120, procs: int = 1) -> list:
-    """The attrs of a finished cluster: one list per job when procs > 1, else one list."""
+def starts(cluster: int, log: str = "log.txt") -> dict[int, list[str]]:
+    """Each job of the cluster: what its event log says happened to it, in order ("execute", "evicted", ...),
+    read with HTCondor's own event log reader."""
+    seen: dict[int, list[str]] = {}
+    for event in JobEventLog(str(SUBMITTED[cluster] / log)).events(stop_after=0):
+        if event.cluster != cluster:
+            continue
+        if event.type == JobEventType.EXECUTE:
+            seen.setdefault(event.proc, []).append("execute")
+        elif event.type in UNASKED:
+            seen.setdefault(event.proc, []).append(UNASKED[event.type])
+    return seen
+
+
+def assert_ran_once(cluster: int, procs: int = 1) -> None:
+    """Every job of the cluster started exactly once: an eviction its exit code hides fails the test."""
+    seen = starts(cluster)
+    bad = {proc: events for proc, events in seen.items() if events != ["execute"]}
+    assert not bad and len(seen) == procs, (
+        f"cluster {cluster}: each job must start once and never be evicted; its event log shows {seen}")
+
+
+def history(cluster: int, attrs: list[str], timeout: float = 120, procs: int = 1, once: bool = True) -> list:
+    """The attrs of a finished cluster: one list per job when procs > 1, else one list. `once`: each job's event
+    log must show exactly one start and no eviction (a test that causes restarts passes False)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         cp = as_root(["condor_history", str(cluster), "-af", *attrs])
         rows = [line.split() for line in cp.stdout.splitlines() if line.strip()]
         if len(rows) >= procs:
+            if once and cluster in SUBMITTED:
+                assert_ran_once(cluster, procs)
             return rows if procs > 1 else rows[0]
         time.sleep(2)
     raise AssertionError(f"cluster {cluster}: {procs} job(s) not in history after {timeout} s")
@@ -61,16 +102,23 @@ def out_of(name: str, user: str = "alice", fname: str = "out.txt") -> str:
     return (testbed.ROOT / "home" / user / name / fname).read_text().strip()
 
 
+# Jobs are shaped like a pool without a shared filesystem: file transfer (the programs are the EP's own, not
+# sent); the job's stdout and stderr and any file it writes come back at its end.
 SIMPLE = """executable = {exe}
+transfer_executable = false
 arguments = "{args}"
 output = out.txt
 error = err.txt
 log = log.txt
-should_transfer_files = NO
-{extra}
+should_transfer_files = YES
+when_to_transfer_output = ON_EXIT
+{inputs}{extra}
 queue {count}
 """
 
 
-def job(exe: str = "/usr/bin/python3", args: str = "", extra: str = "", count: int = 1) -> str:
-    return SIMPLE.format(exe=exe, args=args, extra=extra, count=count if count > 1 else "")
+def job(exe: str = "/usr/bin/python3", args: str = "", extra: str = "", count: int = 1,
+        inputs: tuple[str, ...] = ()) -> str:
+    """A submit file; `inputs`: files (or URLs) the job needs from the submit directory, sent by file transfer."""
+    lines = f"transfer_input_files = {', '.join(inputs)}\n" if inputs else ""
+    return SIMPLE.format(exe=exe, args=args, extra=extra, count=count if count > 1 else "", inputs=lines)

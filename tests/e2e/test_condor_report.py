@@ -28,11 +28,14 @@ s.shutdown(socket.SHUT_WR)
 print(s.recv(100).decode().strip())
 """
 SUB = """executable = /usr/bin/python3
+transfer_executable = false
 arguments = job.py
+transfer_input_files = job.py
 output = out.txt
 error = err.txt
 log = log.txt
-should_transfer_files = NO
+should_transfer_files = YES
+when_to_transfer_output = ON_EXIT
 accounting_group = {group}
 accounting_group_user = {user}
 request_memory = 64

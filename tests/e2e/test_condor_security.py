@@ -52,7 +52,7 @@ def test_figures_reach_history_when_the_job_kills_its_chirp_and_larkd_dies(pool)
     d.mkdir(parents=True, exist_ok=True)
     (d / "started").unlink(missing_ok=True)
     (d / "sabotage.py").write_text(script)
-    cluster = submit("sec-push", job(args="sabotage.py"))
+    cluster = submit("sec-push", job(args="sabotage.py", inputs=("sabotage.py",)))
     wait_queue(cluster, ["JobStatus"], lambda r: r[0] == RUNNING, timeout=120)
     marker = d / "started"
     deadline = time.time() + 60
@@ -86,7 +86,7 @@ def test_restarted_larkd_takes_over_a_running_job(pool):
     d = testbed.ROOT / "home" / "alice" / "sec-restart"
     d.mkdir(parents=True, exist_ok=True)
     (d / "job.py").write_text(script)
-    cluster = submit("sec-restart", job(args="job.py"))
+    cluster = submit("sec-restart", job(args="job.py", inputs=("job.py",)))
     wait_queue(cluster, ["JobStatus"], lambda r: r[0] == RUNNING, timeout=120)
     time.sleep(3)
     os.kill(larkd_pid(), signal.SIGKILL)
@@ -126,7 +126,7 @@ def test_a_job_cannot_write_its_own_figures_and_its_last_bytes_reach_history(poo
     d = testbed.ROOT / "home" / "alice" / "sec-forge"
     d.mkdir(parents=True, exist_ok=True)
     (d / "forge.py").write_text(script)
-    cluster = submit("sec-forge", job(args="forge.py", extra="+WantIOProxy = true"))
+    cluster = submit("sec-forge", job(args="forge.py", inputs=("forge.py",), extra="+WantIOProxy = true"))
     inbytes, = history(cluster, ["NetworkIncomingBytes"], timeout=180)
     moved, delayed_rc, direct_rc = (int(x) for x in out_of("sec-forge").split())
     assert moved == size

@@ -92,6 +92,7 @@ def test_install_doc_commands_install_lark_into_a_clean_root(clean_root, tmp_pat
         assert cp.returncode == 0, f"`{cmd}` failed ({cp.returncode}):\n{cp.stdout[-3000:]}\n{cp.stderr[-3000:]}"
     doctor = cp.stdout
     assert re.search(r"^netns\s+ok\s+required", doctor, re.M) and re.search(r"^veth\s+ok\s+required", doctor, re.M)
+    assert re.search(r"^JOB_EXIT\s+ok", doctor, re.M), doctor
 
     # The distribution is htcondor-lark, in its own venv, importing the bindings of the installed HTCondor.
     cp = _sh(["chroot", str(root), "/opt/lark/bin/python", "-c",
@@ -102,7 +103,9 @@ def test_install_doc_commands_install_lark_into_a_clean_root(clean_root, tmp_pat
     frag = (root / "etc/condor/config.d/50-lark.conf").read_text()
     bin_dir = re.search(r"^LARK_BIN = (\S+)$", frag, re.M).group(1)
     named = set(re.findall(r"\$\(LARK_BIN\)/([\w-]+)", frag))
-    assert named >= {"lark-starter", "lark-job-wrapper", "lark-prepare-job", "lark-hook", "larkd", "lark"}
+    assert named >= {"lark-starter", "lark-job-wrapper", "lark-prepare-job", "larkd", "lark"}
+    # No JOB_EXIT hook: on HTCondor 24.x/25.x it makes the starter exit during output transfer.
+    assert not re.search(r"^\w+_HOOK_JOB_EXIT\s*=", frag, re.M)
     for name in named:
         assert os.access(root / bin_dir.lstrip("/") / name, os.X_OK), f"{bin_dir}/{name} is not installed"
     unit = (root / "etc/systemd/system/larkd.service").read_text()

@@ -1,6 +1,8 @@
-"""Test servers for the "world" namespace: HTTP files (8000), who-am-I (7000), byte sink (7001)."""
+"""Test servers for the "world" namespace: HTTP files (8000, GET, and PUT under /up/), who-am-I (7000), byte sink
+(7001)."""
 import functools
 import http.server
+import os
 import socketserver
 import sys
 import threading
@@ -25,6 +27,37 @@ class Sink(socketserver.BaseRequestHandler):
             pass
 
 
+class Files(http.server.SimpleHTTPRequestHandler):
+    """GET serves the directory; PUT stores under up/ (HTCondor's curl plugin uploads output_destination so)."""
+
+    def do_PUT(self):
+        rel = self.path.split("?", 1)[0].lstrip("/")
+        parts = [p for p in rel.split("/") if p not in ("", ".", "..")]
+        if len(parts) < 2 or parts[0] != "up":
+            self.send_error(403, "uploads go under /up/")
+            return
+        dest = os.path.join(self.directory, *parts)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        length = int(self.headers.get("Content-Length") or 0)
+        with open(dest + ".part", "wb") as f:
+            if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                while (size := int(self.rfile.readline().split(b";")[0], 16)):
+                    f.write(self.rfile.read(size))
+                    self.rfile.readline()
+                self.rfile.readline()
+            else:
+                while length > 0:
+                    chunk = self.rfile.read(min(length, 1 << 16))
+                    if not chunk:
+                        break
+                    f.write(chunk)
+                    length -= len(chunk)
+        os.replace(dest + ".part", dest)
+        self.send_response(201)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+
 class TCP(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
     daemon_threads = True
@@ -34,7 +67,7 @@ def main():
     root = sys.argv[1]
     servers = [
         http.server.ThreadingHTTPServer(("0.0.0.0", 8000),
-                                        functools.partial(http.server.SimpleHTTPRequestHandler, directory=root)),
+                                        functools.partial(Files, directory=root)),
         TCP(("0.0.0.0", 7000), WhoAmI),
         TCP(("0.0.0.0", 7001), Sink),
     ]
@@ -50,5 +83,5 @@ if __name__ == "__main__":
     if "--log-requests" in sys.argv:
         sys.argv.remove("--log-requests")
     else:
-        http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+        Files.log_message = lambda *a: None
     main()

@@ -1,0 +1,121 @@
+"""File-transfer jobs on a Lark execution point (issue 22): they run once, their files move, their figures land.
+
+Jobs here are shaped like a pool without a shared filesystem: local inputs, a URL input, output files sent back
+to the submit directory or uploaded to an `output_destination`. Each job's event log must show exactly one start
+(`history` checks it): an eviction loop that ends in a good exit code still fails the test.
+"""
+import hashlib
+import os
+import secrets
+import time
+
+import pytest
+
+from condor import as_root, as_user, history, job, starts, submit, testbed
+
+pytestmark = pytest.mark.e2e
+
+# The job downloads 10 MB itself (counted by Lark) as its last act, so the figures in its history come from the
+# exit barrier and not from a periodic push.
+FETCH_LAST = ('import hashlib, urllib.request; '
+              'data = open("in.bin", "rb").read(); '
+              'open("result.bin", "wb").write(hashlib.sha256(data).digest() * 32768); '
+              'n = len(urllib.request.urlopen("http://{world}:8000/10M.bin").read()); '
+              'print(len(data), n)')
+
+
+def script_job(name: str, extra: str, inputs: tuple[str, ...] = ("in.bin",)) -> tuple[int, bytes]:
+    d = testbed.ROOT / "home/alice" / name
+    d.mkdir(parents=True, exist_ok=True)
+    data = os.urandom(1_000_000)
+    (d / "in.bin").write_bytes(data)
+    script = FETCH_LAST.format(world=testbed.WORLD_IP)
+    return submit(name, job(args="-c '" + script.replace('"', '""') + "'", inputs=inputs, extra=extra)), data
+
+
+def test_local_and_url_inputs_and_outputs_run_once_with_final_figures(pool):
+    url = f"http://{testbed.WORLD_IP}:8000/50M.bin"
+    c, data = script_job("ft-local", "transfer_output_files = result.bin", inputs=("in.bin", url))
+    code, mode, inbytes, starts_count = history(c, ["ExitCode", "LarkNetworkType", "NetworkIncomingBytes",
+                                                    "NumJobStarts"], timeout=180)
+    assert (code, mode, starts_count) == ("0", "nat", "1")
+    # The job's own download, its last act, is in the history: the wrapper's barrier held the job until larkd
+    # had pushed. The URL input (50 MB, fetched by HTCondor's plugin outside the job's network) is not.
+    assert 10_000_000 <= int(inbytes) < 10_200_000
+    d = testbed.ROOT / "home/alice/ft-local"
+    assert (d / "out.txt").read_text().split() == ["1000000", "10000000"]
+    assert (d / "result.bin").read_bytes() == hashlib.sha256(data).digest() * 32768
+    assert not (d / "50M.bin").exists()  # inputs stay on the execution point
+
+
+def test_output_destination_upload_runs_once(pool):
+    tag = secrets.token_hex(4)
+    dest = f"http://{testbed.WORLD_IP}:8000/up/{tag}/"
+    c, data = script_job("ft-dest", f"transfer_output_files = result.bin\noutput_destination = {dest}")
+    code, inbytes = history(c, ["ExitCode", "NetworkIncomingBytes"], timeout=180)
+    assert code == "0" and int(inbytes) >= 10_000_000
+    uploaded = testbed.CACHE / "www/up" / tag
+    deadline = time.time() + 10
+    while not (uploaded / "result.bin").exists() and time.time() < deadline:
+        time.sleep(0.5)
+    assert (uploaded / "result.bin").read_bytes() == hashlib.sha256(data).digest() * 32768
+    # The job's stdout is not an output file: it comes back to the submit directory.
+    assert (testbed.ROOT / "home/alice/ft-dest/out.txt").read_text().split() == ["1000000", "10000000"]
+
+
+def test_a_submitters_own_transfer_plugin_is_refused_at_submit(pool):
+    """It would run as the job's user with the execution point's network (55-lark-access-point.conf)."""
+    d = testbed.ROOT / "home/alice/ft-plugin"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "evil.sh").write_text("#!/bin/sh\nip addr > /tmp/evil-saw-the-host\n")
+    (d / "evil.sh").chmod(0o755)
+    with pytest.raises(RuntimeError, match="LarkOwnPlugins|transfer_plugins"):
+        submit("ft-plugin", job(exe="/bin/true", inputs=("evil://host/x",),
+                                extra="transfer_plugins = evil=evil.sh"))
+
+
+def test_doctor_finds_no_job_exit_hook_and_names_the_transfer_gap(pool):
+    cp = as_root(["lark", "doctor"])
+    assert "JOB_EXIT   ok" in cp.stdout, cp.stdout
+    assert "transfer   ACTION" in cp.stdout and "URL transfers" in cp.stdout, cp.stdout
+
+
+HOOK_CONF = "etc/condor/config.d/99-test-trivial-job-exit-hook.conf"
+
+
+def test_htcondor_evicts_file_transfer_jobs_when_any_job_exit_hook_is_configured(pool):
+    """The upstream behaviour that moved Lark's barrier into the wrapper (docs/design.md, "The exit barrier"), in its
+    smallest form: a JOB_EXIT hook that only reads its stdin, and a job with one input and one output file. The
+    starter exits as soon as the hook returns (StarterHookMgr.cpp, HookJobExitClient::hookExited calls
+    StarterExit), during output transfer, so the job is evicted and started again. When this test fails, HTCondor
+    has fixed it."""
+    hook = testbed.ROOT / "usr/local/bin/trivial-job-exit-hook"
+    hook.write_text("#!/bin/sh\ncat >/dev/null\nexit 0\n")
+    hook.chmod(0o755)
+    conf = testbed.ROOT / HOOK_CONF
+    conf.write_text("LARK_HOOK_JOB_EXIT = /usr/local/bin/trivial-job-exit-hook\n")
+    c = None
+    try:
+        assert as_root(["condor_reconfig"]).returncode == 0
+        time.sleep(2)
+        d = testbed.ROOT / "home/alice/ft-hook"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "in.txt").write_text("x\n")
+        c = submit("ft-hook", job(exe="/bin/cp", args="in.txt result.txt", inputs=("in.txt",)))
+        deadline = time.time() + 120
+        seen: dict = {}
+        while time.time() < deadline:
+            seen = starts(c)
+            if seen.get(0, []).count("execute") >= 2:
+                break
+            time.sleep(2)
+        events = seen.get(0, [])
+        assert events.count("execute") >= 2 and set(events) - {"execute"}, seen
+    finally:
+        conf.unlink(missing_ok=True)
+        as_root(["condor_reconfig"])
+        if c is not None:
+            as_user(["condor_rm", str(c)])
+            deadline = time.time() + 60
+            while time.time() < deadline and as_root(["condor_q", str(c), "-af", "ProcId"]).stdout.strip():
+                time.sleep(1)
