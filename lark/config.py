@@ -57,7 +57,8 @@ class Config:
     schedd_push_retry: float = 600.0    # keep retrying a job's final push this long (s)
     # The job's wrapper stays the job's parent and, when the job ends, waits up to this long (s) for larkd (also
     # while condor_master restarts it) to write the final figures before the job leaves; 0 = no barrier (the
-    # wrapper execs the job and the figures come from larkd's periodic and final pushes only).
+    # wrapper execs the job and the figures come from larkd's periodic and final pushes only). No barrier either
+    # when larkd pushes to no schedd (ad_source files, or schedd_push_interval 0).
     exit_barrier_wait: float = 60.0
     # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
     # management address: the figures name slots and running job ids.

@@ -435,7 +435,7 @@ class Larkd:
                 same_starter = rec.starter_pid == starter.pid and rec.starter_start == starter.start
                 if same_starter and rec.netns_inode == job_ns and rec.phase == "ready":
                     return protocol.ok(plan=rec.plan, env=env_for(rec.plan), reused=True,
-                                       exit_barrier=self.cfg.exit_barrier_wait)
+                                       exit_barrier=self.exit_barrier())
                 if same_starter:
                     raise LarkError("this slot's job already has a network in another namespace",
                                     job=rec.job_id, obj=f"slot {starter.slot}",
@@ -463,7 +463,12 @@ class Larkd:
                 self.watch(key, starter.pid, starter.start)
             log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, rec.plan["network_type"],
                      rec.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
-            return protocol.ok(plan=rec.plan, env=env_for(rec.plan), exit_barrier=self.cfg.exit_barrier_wait)
+            return protocol.ok(plan=rec.plan, env=env_for(rec.plan), exit_barrier=self.exit_barrier())
+
+    def exit_barrier(self) -> float:
+        """How long the job's wrapper waits at the job's end for the final push; 0 (the wrapper execs the job) when
+        larkd pushes nothing to a schedd (ad_source files, or pushing off): there is nothing to wait for."""
+        return self.cfg.exit_barrier_wait if self.pusher is not None else 0.0
 
     def pin(self, starter: peercred.StarterInfo, key: str, job_ns: int) -> Pin:
         """The namespace this starter's job was first networked in; refuse any other, even after a release."""

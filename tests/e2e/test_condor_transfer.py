@@ -119,3 +119,23 @@ def test_htcondor_evicts_file_transfer_jobs_when_any_job_exit_hook_is_configured
             deadline = time.time() + 60
             while time.time() < deadline and as_root(["condor_q", str(c), "-af", "ProcId"]).stdout.strip():
                 time.sleep(1)
+
+
+def test_sandbox_transfer_of_100_mb_each_way_is_in_the_jobs_history(pool):
+    """Input and output through the shadow: HTCondor's BytesRecvd / BytesSent count them per job (Lark's Network*
+    figures are the job's own traffic: none here). docs/user.md says which is which."""
+    d = testbed.ROOT / "home/alice/ft-sandbox"
+    d.mkdir(parents=True, exist_ok=True)
+    size = 100_000_000
+    with open(d / "big.in", "wb") as f:
+        f.truncate(size)  # sparse on the submit side; every byte still crosses the wire
+    c = submit("ft-sandbox", job(exe="/bin/sh", args="-c 'head -c 100000000 /dev/urandom > big.out; wc -c < big.in'",
+                                 inputs=("big.in",), extra="transfer_output_files = big.out"))
+    code, recvd, sent, inbytes, outbytes = history(c, ["ExitCode", "BytesRecvd", "BytesSent", "NetworkIncomingBytes",
+                                                       "NetworkOutgoingBytes"], timeout=240)
+    assert code == "0"
+    assert (d / "out.txt").read_text().strip() == str(size)
+    assert (d / "big.out").stat().st_size == size
+    assert size <= float(recvd) < size * 1.01 and size <= float(sent) < size * 1.01, (recvd, sent)
+    assert int(inbytes) < 100_000 and int(outbytes) < 100_000  # the job itself used no network
+    (d / "big.out").unlink()
