@@ -248,6 +248,8 @@ def install() -> None:
         "NO_DNS = True\nDEFAULT_DOMAIN_NAME = lark.test\n"
         "STARTER_UPDATE_INTERVAL = 5\n"
         "STARTER_INITIAL_UPDATE_INTERVAL = 2\n"
+        "# Lark's transient holds (larkd down) are released sooner than on a real access point, for the tests\n"
+        "PERIODIC_EXPR_INTERVAL = 5\nLARK_RELEASE_AFTER = 5\n"
         "NUM_CPUS = 16\nMEMORY = 16384\n"
         "# Hooks run as the job user and must find the larkd socket\n"
         "LARKD_LOG = $(LOG)/LarkdLog\n"

@@ -15,8 +15,8 @@ from .client import call_patiently
 from .nodump import nondumpable
 from ..errors import DaemonUnreachable, LarkError
 
-STATUS_UNREACHABLE = 111   # HoldReasonSubCode: larkd not running on the execution point
-STATUS_REFUSED = 112       # HoldReasonSubCode: larkd refused (policy error, unreadable ads, ...)
+STATUS_UNREACHABLE = 111   # HoldReasonSubCode: larkd not running on the execution point (transient: released)
+STATUS_REFUSED = 112       # HoldReasonSubCode: larkd refused (policy error, unreadable ads, ...): stays held
 
 
 def classad_string(text: str) -> str:
@@ -43,7 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         call_patiently("check", wait=wait, timeout=30)
     except DaemonUnreachable as e:
-        sys.stdout.write(hold_ad(STATUS_UNREACHABLE, f"job not started: {e}"))
+        # Usually transient: condor_master restarts a dead larkd within ~20 s, and the access point's shipped
+        # SYSTEM_PERIODIC_RELEASE_LarkTransient releases such holds. So the reason says that, not "start larkd".
+        e.fix = ("usually transient: condor_master restarts larkd and the job is released again automatically; "
+                 "if it stays held, check the execution point's LarkdLog and condor_on -daemon LARKD")
+        sys.stdout.write(hold_ad(STATUS_UNREACHABLE, f"job not started: {e.render()}"))
         return 1
     except LarkError as e:
         sys.stdout.write(hold_ad(STATUS_REFUSED, f"job not started, its network was refused: {e}"))
