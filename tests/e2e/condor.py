@@ -45,6 +45,14 @@ def submit(name: str, body: str, user: str = "alice") -> int:
     return cluster
 
 
+def submit_script(name: str, script: str, extra: str = "", user: str = "alice") -> int:
+    """A Python job whose program is `script`, sent to the execution point as job.py by file transfer."""
+    d = testbed.ROOT / "home" / user / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "job.py").write_text(script)
+    return submit(name, job(args="job.py", inputs=("job.py",), extra=extra), user=user)
+
+
 def starts(cluster: int, log: str = "log.txt") -> dict[int, list[str]]:
     """Each job of the cluster: what its event log says happened to it, in order ("execute", "evicted", ...),
     read with HTCondor's own event log reader."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from condor import as_root, history, job, out_of, submit, testbed, wait_queue
+from condor import as_root, history, job, out_of, submit, submit_script, testbed, wait_queue
 
 pytestmark = pytest.mark.e2e
 RUNNING = "2"
@@ -28,9 +28,9 @@ def larkd_pid() -> int:
 
 
 def test_figures_reach_history_when_the_job_kills_its_chirp_and_larkd_dies(pool):
-    """The job sabotages the hooks' path (removes its chirp configuration, as any job can) and larkd is killed -9
-    while the job still runs, so the JOB_EXIT hook finds no larkd: larkd's own pushes to the schedd still put the
-    job's bytes in its history."""
+    """The job sabotages the chirp path (removes its chirp configuration, as any job can) and larkd is killed -9
+    while the job still runs: larkd's own pushes to the schedd (the one before the kill, and the exit barrier's
+    once condor_master has restarted it) still put the job's bytes in its history."""
     size = 10_000_000
     url = f"http://{testbed.WORLD_IP}:8000/10M.bin"
     script = ("import os, time, urllib.request\n"
@@ -44,23 +44,14 @@ def test_figures_reach_history_when_the_job_kills_its_chirp_and_larkd_dies(pool)
               "        pass\n"
               "sabotage()\n"
               f"n = len(urllib.request.urlopen('{url}').read())\n"
-              "open('started', 'w').write(str(n))\n"
               "for _ in range(32):\n"
               "    sabotage()\n"
               "    time.sleep(0.25)\n")
-    d = testbed.ROOT / "home" / "alice" / "sec-push"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "started").unlink(missing_ok=True)
-    (d / "sabotage.py").write_text(script)
-    cluster = submit("sec-push", job(args="sabotage.py", inputs=("sabotage.py",)))
+    cluster = submit_script("sec-push", script)
     wait_queue(cluster, ["JobStatus"], lambda r: r[0] == RUNNING, timeout=120)
-    marker = d / "started"
-    deadline = time.time() + 60
-    while not marker.exists():
-        assert time.time() < deadline, "the job never finished its download"
-        time.sleep(0.2)
     # larkd has pushed what the job downloaded (its second push, 5 s after the first, follows the download; the
-    # first may have gone before it): only then is it killed, as the job goes on for 8 s.
+    # first may have gone before it): only then is it killed, as the job goes on for 8 s. (The job cannot signal
+    # through a file: with file transfer its files come back only when it ends.)
     wait_queue(cluster, ["NetworkIncomingBytes"], lambda r: r[0].isdigit() and int(r[0]) >= size, timeout=30)
     os.kill(larkd_pid(), signal.SIGKILL)
     inbytes, lark_type = history(cluster, ["NetworkIncomingBytes", "LarkNetworkType"], timeout=180)
@@ -70,6 +61,15 @@ def test_figures_reach_history_when_the_job_kills_its_chirp_and_larkd_dies(pool)
     while as_root(["lark", "status"]).returncode != 0:  # condor_master brings larkd back for the next tests
         assert time.time() < deadline, "larkd did not come back"
         time.sleep(1)
+
+
+def kill_larkd_once_running(cluster: int, after: float = 3.0) -> float:
+    """kill -9 larkd `after` seconds once the job runs (condor_master restarts it ~10 s later); when it was killed."""
+    wait_queue(cluster, ["JobStatus"], lambda r: r[0] == RUNNING, timeout=120)
+    time.sleep(after)
+    killed_at = time.time()
+    os.kill(larkd_pid(), signal.SIGKILL)
+    return killed_at
 
 
 def test_restarted_larkd_takes_over_a_running_job(pool):
@@ -83,13 +83,8 @@ def test_restarted_larkd_takes_over_a_running_job(pool):
               "time.sleep(20)\n"
               f"urllib.request.urlopen('{url}').read()\n"
               "time.sleep(3)\n")
-    d = testbed.ROOT / "home" / "alice" / "sec-restart"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "job.py").write_text(script)
-    cluster = submit("sec-restart", job(args="job.py", inputs=("job.py",)))
-    wait_queue(cluster, ["JobStatus"], lambda r: r[0] == RUNNING, timeout=120)
-    time.sleep(3)
-    os.kill(larkd_pid(), signal.SIGKILL)
+    cluster = submit_script("sec-restart", script)
+    kill_larkd_once_running(cluster)
     deadline = time.time() + 40
     while True:
         cp = as_root(["lark", "status", "--json"])
@@ -104,6 +99,29 @@ def test_restarted_larkd_takes_over_a_running_job(pool):
     mine = [r for r in records if r.get("job_id") == f"{cluster}.0"]
     assert len(mine) == 1 and mine[0]["reason"] == "starter exited", mine
     assert mine[0]["bytes_in"] >= 2 * size
+
+
+def test_a_job_that_ends_while_larkd_is_down_waits_for_it_and_keeps_its_final_figures(pool):
+    """Issue 23 item 1: larkd killed -9 one second into a job's download; the job's program ends while larkd is
+    still down (condor_master restarts it ~10 s later). The job's wrapper holds the exit barrier until larkd is
+    back, so the history has every byte, not the last periodic push. (With LARK_EXIT_BARRIER_WAIT = 0, the old
+    exec, this history showed only what the push before the kill had read.)"""
+    size = 50_000_000
+    url = f"http://{testbed.WORLD_IP}:8000/50M.bin"
+    script = ("import time, urllib.request\n"
+              "time.sleep(2)\n"
+              f"n = len(urllib.request.urlopen('{url}').read())\n"
+              "print(n, time.time())\n")
+    # 100 Mbit/s: the download takes ~4 s, so the program ends while larkd is down.
+    cluster = submit_script("sec-down-at-end", script, extra="request_bandwidth = 100")
+    killed_at = kill_larkd_once_running(cluster)
+    inbytes, = history(cluster, ["NetworkIncomingBytes"], timeout=180)
+    moved, ended_at = (testbed.ROOT / "home/alice/sec-down-at-end/out.txt").read_text().split()
+    back = as_root(["lark", "status"])
+    assert int(moved) == size
+    assert float(ended_at) - killed_at < 10, "the program did not end while larkd was down: the test proves nothing"
+    assert int(inbytes) >= size, f"history has {inbytes} of the {size} bytes the job moved"
+    assert back.returncode == 0  # the job left the queue only once larkd was back
 
 
 def test_a_job_cannot_write_its_own_figures_and_its_last_bytes_reach_history(pool):
