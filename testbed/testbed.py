@@ -33,9 +33,11 @@ STATE = CACHE / "state.json"
 BUILD_STAMP = ROOT / ".lark-testbed-built"
 MIRROR = os.environ.get("LARK_TESTBED_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ["condor", "minicondor", "nftables", "iproute2", "util-linux", "procps", "python3-venv", "python3-pip",
-            "iptables", "ca-certificates", "openvswitch-switch", "dnsmasq-base"]
+            "iptables", "ca-certificates", "openvswitch-switch", "dnsmasq-base", "openssh-server",
+            "openssh-client"]
 # Added after the first release of the testbed: a cached root without them gets them on its next build().
-LATER_PACKAGES = {"usr/bin/ovs-vsctl": "openvswitch-switch", "usr/sbin/dnsmasq": "dnsmasq-base"}
+LATER_PACKAGES = {"usr/bin/ovs-vsctl": "openvswitch-switch", "usr/sbin/dnsmasq": "dnsmasq-base",
+                  "usr/sbin/sshd": "openssh-server", "usr/bin/ssh": "openssh-client"}  # condor_ssh_to_job
 APT = ["apt-get", "-o", "Acquire::Check-Valid-Until=false", "-o", "APT::Sandbox::User=root"]
 HOST_NS, WORLD_NS = "lark-tb-host", "lark-tb-world"
 HOST_IP, WORLD_IP = "198.51.100.2", "198.51.100.1"

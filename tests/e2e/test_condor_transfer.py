@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from condor import as_root, as_user, history, job, starts, submit, testbed
+from condor import as_root, as_user, history, job, starts, submit, testbed, wait_queue
 
 pytestmark = pytest.mark.e2e
 
@@ -139,3 +139,24 @@ def test_sandbox_transfer_of_100_mb_each_way_is_in_the_jobs_history(pool):
     assert size <= float(recvd) < size * 1.01 and size <= float(sent) < size * 1.01, (recvd, sent)
     assert int(inbytes) < 100_000 and int(outbytes) < 100_000  # the job itself used no network
     (d / "big.out").unlink()
+
+
+def test_condor_ssh_to_job_never_lands_in_the_hosts_network(pool):
+    """The starter runs the session's sshd in a fresh empty netns of its own (NO_JOB_NETWORKING) and through
+    Lark's wrapper, which lets it run there without a network: the session sees neither the host's uplink nor
+    its addresses, and the job it visits keeps running and finishes once. (Landing in the job's own netns needs
+    larkd to start the sshd there: docs/design.md, "File transfer".)"""
+    c = submit("ssh-nat", job(exe="/bin/sleep", args="25"))
+    wait_queue(c, ["JobStatus"], lambda r: r[0] == "2", timeout=120)
+    cp = as_user(["condor_ssh_to_job", "-auto-retry", str(c),
+                  "cat /proc/net/dev; echo NETNS $(readlink /proc/self/ns/net)"])
+    assert cp.returncode == 0, cp.stderr
+    devices = {line.split(":")[0].strip() for line in cp.stdout.splitlines()
+               if ":" in line and "|" not in line and not line.startswith("NETNS")}
+    assert devices <= {"lo", "ifb0", "ifb1"}, cp.stdout     # no up0 (the host's uplink), no veth of the host
+    job_ns = as_root(["sh", "-c", "readlink /proc/$(pgrep -n -x sleep)/ns/net"]).stdout.strip()
+    host_ns = as_root(["readlink", "/proc/self/ns/net"]).stdout.strip()
+    session_ns = cp.stdout.split("NETNS", 1)[1].strip()
+    assert session_ns != host_ns and job_ns != host_ns, (session_ns, job_ns, host_ns)
+    code, mode = history(c, ["ExitCode", "LarkNetworkType"], timeout=120)
+    assert (code, mode) == ("0", "nat")

@@ -28,6 +28,7 @@ class FakeLarkd:
     def __init__(self, path: Path, barrier: float | None = 5.0, marker: Path | None = None):
         self.path, self.barrier, self.marker = path, barrier, marker
         self.pushes: list[dict] = []
+        self.setups = 0
         self.sock: socket.socket | None = None
         self.thread: threading.Thread | None = None
 
@@ -50,6 +51,7 @@ class FakeLarkd:
                 line = conn.makefile("rb").readline()
                 msg = protocol.loads(line)
                 if msg["op"] == "setup":
+                    self.setups += 1
                     fields = {"plan": {}, "env": {"LARK_NETWORK_TYPE": "nat"}}
                     if self.barrier is not None:
                         fields["exit_barrier"] = self.barrier
@@ -168,3 +170,24 @@ def test_without_a_barrier_the_wrapper_becomes_the_program(tmp_path, larkd, barr
     out, _ = p.communicate(timeout=30)
     assert p.returncode == 0 and int(out) == p.pid
     assert fake.pushes == []
+
+
+def test_condor_ssh_to_job_sshd_runs_without_asking_larkd_and_nothing_else_does(tmp_path, larkd):
+    """The starter's sshd for condor_ssh_to_job comes through the wrapper in an empty netns of its own: larkd
+    would refuse a second namespace for the job, so the wrapper runs it there unnetworked. Only that exact shape
+    is recognised."""
+    from lark.job.wrapper import is_ssh_to_job_sshd
+    cfg = "/var/lib/condor/execute/dir_1/scratch/.condor_ssh_to_job_1/sshd_config"
+    assert is_ssh_to_job_sshd(["/usr/sbin/sshd", "-i", "-e", "-f", cfg])
+    assert not is_ssh_to_job_sshd(["/usr/sbin/sshd", "-i", "-e", "-f", "/home/alice/sshd_config"])
+    assert not is_ssh_to_job_sshd(["/usr/bin/python3", "-i", "-e", "-f", cfg])
+    assert not is_ssh_to_job_sshd(["/usr/sbin/sshd", "-D", "-e", "-f", cfg])
+    # A stand-in "sshd" in the recognised shape runs without any request to larkd.
+    fake = larkd()
+    sshd = tmp_path / "sshd"
+    sshd.write_text("#!/bin/sh\necho ran \"$@\"\n")
+    sshd.chmod(0o755)
+    p = wrapper(tmp_path, str(sshd), "-i", "-e", "-f", cfg)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and out.startswith("ran -i -e -f"), err
+    assert fake.pushes == [] and not fake.setups
