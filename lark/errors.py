@@ -3,6 +3,8 @@ from __future__ import annotations
 
 
 class LarkError(Exception):
+    held = False  # larkd's answer said it put the job on hold at its schedd (a setup that failed after PREPARE_JOB)
+
     def __init__(self, what: str, *, job: str | None = None, obj: str | None = None, fix: str | None = None):
         self.what = what
         self.job = job

@@ -64,9 +64,11 @@ class Pending:
 
 
 class AdPusher:
-    def __init__(self, retry_seconds: float = 600.0, edit: Callable[[str, str, dict[str, str]], None] | None = None):
+    def __init__(self, retry_seconds: float = 600.0, edit: Callable[[str, str, dict[str, str]], None] | None = None,
+                 hold: Callable[[str, str, str], None] | None = None):
         self.retry_seconds = retry_seconds
         self.edit = edit or htcondor_edit
+        self.hold_at = hold or htcondor_hold
         self.pending: dict[str, Pending] = {}   # key -> a final push not yet accepted
         # key -> (job id, its counters in the last push its schedd took): a final push that would say the same
         # is not sent (after the exit barrier's push the job usually leaves the queue before teardown)
@@ -90,6 +92,15 @@ class AdPusher:
                             schedd_of(global_job_id) or "(local)", e)
             return False
         self.last_counters[key] = (job_id, counters(attrs))
+        return True
+
+    def hold(self, global_job_id: str, job_id: str, reason: str) -> bool:
+        """Put a job on hold at its schedd (as root) with `reason`; False (logged) if the schedd would not."""
+        try:
+            self.hold_at(schedd_of(global_job_id), job_id, reason)
+        except Exception as e:
+            log.warning("could not hold job %s at schedd %s: %s", job_id, schedd_of(global_job_id) or "(local)", e)
+            return False
         return True
 
     def push_final(self, key: str, global_job_id: str, job_id: str, summary: dict) -> bool:
@@ -122,6 +133,7 @@ class AdPusher:
             self.pending.pop(key, None)
 
 
+HOLD_SUBCODE_SETUP_FAILED = 113  # HoldReasonSubCode of a job larkd held (111/112 come from PREPARE_JOB)
 COUNTERS = ("NetworkIncomingBytes", "NetworkOutgoingBytes", "NetworkIncomingPackets", "NetworkOutgoingPackets")
 
 
@@ -139,3 +151,17 @@ def htcondor_edit(schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:
     for attr, literal in attrs.items():
         if schedd.edit(job_id, attr, classad2.ExprTree(literal)) < 1:
             raise LookupError(f"the schedd no longer holds job {job_id}")
+
+
+def htcondor_hold(schedd_name: str, job_id: str, reason: str) -> None:
+    """Hold one job at its schedd (htcondor2, as root, a queue super user): the shadow is told to vacate it. The
+    reason goes as a (text, subcode) tuple: htcondor2 25.14's `act` drops a reason given as a plain string (the
+    job is held with HoldReason ""), and puts the text into a ClassAd string unescaped (a `"` leaves HoldReason
+    undefined), so quotes and backslashes are replaced."""
+    reason = reason.replace('"', "'").replace("\\", "/")
+    import htcondor2 as ht
+    coll = ht.Collector()
+    loc = coll.locate(ht.DaemonType.Schedd, schedd_name) if schedd_name else coll.locate(ht.DaemonType.Schedd)
+    result = ht.Schedd(loc).act(ht.JobAction.Hold, job_id, reason=(reason, HOLD_SUBCODE_SETUP_FAILED))
+    if int(result.get("TotalSuccess", 0)) < 1:
+        raise LookupError(f"the schedd did not hold job {job_id}: {result}")

@@ -289,12 +289,13 @@ class Larkd:
             except LarkError as e:
                 self._log_refusal(who, "refused %s from pid %d uid %d: %s", line[:40], who.pid, who.uid, e)
                 self.metrics.failed(getattr(e, "metric_reason", "refused"))
-                answer = protocol.error(str(e))
+                answer = protocol.error(str(e), **({"held": True} if getattr(e, "held", False) else {}))
             except Exception as e:
                 if self.log_limit.allow(who.uid)[0]:  # a bug's traceback, but not one per request of a loop
                     log.exception("request from pid %d uid %d failed", who.pid, who.uid)
                 self.metrics.failed(getattr(e, "metric_reason", "internal"))
-                answer = protocol.error(f"internal error in larkd: {e}")
+                answer = protocol.error(f"internal error in larkd: {e}",
+                                        **({"held": True} if getattr(e, "held", False) else {}))
             writer.write(answer)
         except (ConnectionError, OSError):
             pass
@@ -457,6 +458,7 @@ class Larkd:
             except Exception as e:
                 self.active.discard(key)
                 e.metric_reason = "setup"
+                e.held = await self.hold_unnetworked(pin, e)
                 raise
             self.metrics.setup_seconds.labels(plan.network_type).observe(time.perf_counter() - t0)
             if key not in self.watches:
@@ -464,6 +466,19 @@ class Larkd:
             log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, rec.plan["network_type"],
                      rec.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
             return protocol.ok(plan=rec.plan, env=env_for(rec.plan), exit_barrier=self.exit_barrier())
+
+    async def hold_unnetworked(self, pin: Pin, error: Exception) -> bool:
+        """A job whose setup failed after PREPARE_JOB passed must not end as if it ran: the wrapper can only exit
+        (HTCondor 25.x then records the job as completed), so larkd holds it at its schedd with the reason, and the
+        wrapper waits to be vacated. False when there is no schedd to ask (ad_source files) or it refused."""
+        if self.pusher is None or not pin.global_job_id:
+            return False
+        reason = f"Lark: job not started, its network could not be set up: {error}"
+        held = await self.loop.run_in_executor(self.push_pool, self.pusher.hold, pin.global_job_id, pin.job_id,
+                                               " ".join(reason.split()))
+        if held:
+            log.warning("held job %s: its network could not be set up: %s", pin.job_id, error)
+        return held
 
     def exit_barrier(self) -> float:
         """How long the job's wrapper waits at the job's end for the final push; 0 (the wrapper execs the job) when

@@ -88,7 +88,9 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
     if not answer.get("ok"):
         if answer.get("busy"):
             raise DaemonBusy(answer.get("error", "busy"), obj="larkd", fix="retry in a moment")
-        raise LarkError(answer.get("error", "unknown error"), obj="larkd")
+        refused = LarkError(answer.get("error", "unknown error"), obj="larkd")
+        refused.held = answer.get("held") is True  # larkd put the job on hold at its schedd
+        raise refused
     return answer
 
 

@@ -26,6 +26,7 @@ from ..errors import LarkError
 
 EXIT_NO_NETWORK = 111
 EXIT_NOT_EXECUTED = 127
+HELD_WAIT_S = 60.0  # how long a job larkd put on hold waits for the starter to vacate it before exiting 111
 # The wrapper never forwards these: they are the kernel's reports about the wrapper itself (or cannot be caught).
 NOT_FORWARDED = frozenset({signal.SIGCHLD, signal.SIGKILL, signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS,
                            signal.SIGILL, signal.SIGFPE, signal.SIGTRAP, signal.SIGSYS, signal.SIGPIPE})
@@ -48,6 +49,15 @@ def fail(reason: str) -> int:
         except OSError:
             pass
     return EXIT_NO_NETWORK
+
+
+def wait_to_be_vacated(limit: float = HELD_WAIT_S) -> None:
+    """larkd has put the job on hold at its schedd: the shadow will have the starter kill this process. Exiting
+    first would let the starter report the job as completed (exit code 111) before the hold lands."""
+    import time
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
 
 def exec_job(argv: list[str]) -> None:
@@ -171,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         answer = call_patiently("setup", wait=20, timeout=timeout)
     except LarkError as e:
-        return fail(str(e))
+        code = fail(str(e))
+        if getattr(e, "held", False):
+            wait_to_be_vacated()
+        return code
     os.environ.update(answer.get("env", {}))
     wait = answer.get("exit_barrier")
     if not isinstance(wait, (int, float)) or wait <= 0:

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from condor import as_root, history, job, out_of, submit, wait_queue
+from condor import as_root, history, job, out_of, submit, testbed, wait_queue
 from condor import starts as starts_of
 
 pytestmark = pytest.mark.e2e
@@ -59,3 +59,30 @@ def test_policy_error_holds_job_naming_attribute(pool):
     assert sub == "112"
     assert "Lark" in reason and "IPProtocol" in reason and "IPX" in reason, reason
     as_root(["condor_rm", str(c)])
+
+
+def test_a_setup_failure_after_the_check_holds_the_job_instead_of_completing_it(pool):
+    """Issue 23 item 3: the machine advertises dual stack but has no IPv6 pool, so PREPARE_JOB's check passes and
+    the setup fails. The wrapper could only exit 111, which HTCondor records as a completed job; larkd holds it at
+    its schedd with the reason (subcode 113) and the wrapper waits to be vacated: the job never leaves the queue."""
+    conf = testbed.ROOT / "etc/condor/config.d/99-test-dual-stack-without-pool.conf"
+    conf.write_text('IPProtocol = "IPv4+IPv6"\n')
+    c = None
+    try:
+        assert as_root(["condor_reconfig"]).returncode == 0
+        deadline = time.time() + 60
+        while "IPv4+IPv6" not in as_root(["condor_status", "-af", "IPProtocol"]).stdout:
+            assert time.time() < deadline, "the startd never advertised the dual stack"
+            time.sleep(1)
+        c = submit("setup-fails", job(exe="/bin/true", extra='+IPProtocol = "IPv4+IPv6"'))
+        status, reason, sub = wait_queue(c, ["JobStatus", "HoldReason", "HoldReasonSubCode"],
+                                         lambda r: r[0] == HELD, timeout=120)
+        assert reason.startswith("Lark: job not started, its network could not be set up"), reason
+        assert "IPv6" in reason and sub == "113", (reason, sub)
+        assert starts_of(c) == {0: ["execute", "evicted"]}  # the wrapper started; the program never did
+        assert as_root(["condor_history", str(c), "-af", "ExitCode"]).stdout.strip() == ""  # never completed
+    finally:
+        conf.unlink(missing_ok=True)
+        as_root(["condor_reconfig"])
+        if c is not None:
+            as_root(["condor_rm", str(c)])

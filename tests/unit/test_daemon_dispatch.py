@@ -229,3 +229,30 @@ def test_a_slow_schedd_does_not_hold_up_the_next_jobs_setup(tmp_path, monkeypatc
 
     answer, pushed_yet = _run(d, flow)
     assert answer["ok"] and not pushed_yet
+
+
+@pytest.mark.parametrize("schedd_holds", [True, False])
+def test_a_setup_that_fails_after_the_check_holds_the_job_at_its_schedd(tmp_path, monkeypatch, schedd_holds):
+    """Issue 23 item 3: the wrapper can only exit, which HTCondor records as a completed job; larkd holds the job
+    at its schedd with the reason and says so in its answer (the wrapper then waits to be vacated)."""
+    d, _ = _daemon(tmp_path, monkeypatch)
+    holds = []
+
+    class FakePusher:
+        def hold(self, gid, job_id, reason):
+            holds.append((gid, job_id, reason))
+            return schedd_holds
+
+    d.pusher = FakePusher()
+    d.global_ids[(ME, start_time(ME))] = "ap#3.0#1"
+
+    def broken_setup(*a, **kw):
+        raise LarkError("no IPv6 pool on this execution point", job="3.0", fix="set subnet6")
+    monkeypatch.setattr(d.net, "setup", broken_setup)
+    with pytest.raises(LarkError, match="no IPv6 pool") as raised:
+        _run(d, lambda: d.dispatch({"op": "setup"}, Peer(pid=ME, uid=1000, gid=1000)))
+    assert raised.value.held is schedd_holds
+    assert len(holds) == 1 and holds[0][:2] == ("ap#3.0#1", "3.0")
+    assert holds[0][2].startswith("Lark: job not started, its network could not be set up: job 3.0:")
+    assert "no IPv6 pool" in holds[0][2] and "\n" not in holds[0][2]
+    assert d.active == set()

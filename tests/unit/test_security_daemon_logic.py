@@ -352,3 +352,17 @@ def test_obsolete_job_exit_hook_asks_nothing_writes_nothing_and_says_to_remove_i
         assert update_hook.main(["exit"]) == 0
     assert "remove LARK_HOOK_JOB_EXIT" in caplog.text
     assert not {"call", "chirp_path", "subprocess", "socket"} & set(vars(update_hook))
+
+
+def test_holding_a_job_names_its_schedd_and_a_refusal_is_false_not_fatal(caplog):
+    from lark.daemon.adpush import AdPusher
+    asked = []
+    p = AdPusher(hold=lambda schedd, job, reason: asked.append((schedd, job, reason)))
+    assert p.hold("ap1.example#3.0#17", "3.0", "Lark: no network") is True
+    assert asked == [("ap1.example", "3.0", "Lark: no network")]
+
+    def refuse(schedd, job, reason):
+        raise LookupError("the schedd did not hold job 3.0")
+    with caplog.at_level("WARNING"):
+        assert AdPusher(hold=refuse).hold("ap1#3.0#1", "3.0", "x") is False
+    assert "could not hold job 3.0 at schedd ap1" in caplog.text

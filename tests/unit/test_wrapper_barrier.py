@@ -48,17 +48,18 @@ class FakeLarkd:
             except OSError:
                 return
             with conn:
-                line = conn.makefile("rb").readline()
-                msg = protocol.loads(line)
-                if msg["op"] == "setup":
-                    self.setups += 1
-                    fields = {"plan": {}, "env": {"LARK_NETWORK_TYPE": "nat"}}
-                    if self.barrier is not None:
-                        fields["exit_barrier"] = self.barrier
-                    conn.sendall(protocol.ok(**fields))
-                elif msg["op"] == "push":
-                    self.pushes.append({**msg, "job_done": bool(self.marker and self.marker.exists())})
-                    conn.sendall(protocol.ok(pushed=True))
+                conn.sendall(self.answer(protocol.loads(conn.makefile("rb").readline())))
+
+    def answer(self, msg: dict) -> bytes:
+        if msg["op"] == "setup":
+            self.setups += 1
+            fields = {"plan": {}, "env": {"LARK_NETWORK_TYPE": "nat"}}
+            if self.barrier is not None:
+                fields["exit_barrier"] = self.barrier
+            return protocol.ok(**fields)
+        assert msg["op"] == "push", msg
+        self.pushes.append({**msg, "job_done": bool(self.marker and self.marker.exists())})
+        return protocol.ok(pushed=True)
 
     def stop(self) -> None:
         if self.sock is not None:
@@ -191,3 +192,35 @@ def test_condor_ssh_to_job_sshd_runs_without_asking_larkd_and_nothing_else_does(
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0 and out.startswith("ran -i -e -f"), err
     assert fake.pushes == [] and not fake.setups
+
+
+class RefusingLarkd(FakeLarkd):
+    """Refuses setup, saying (or not) that it put the job on hold at its schedd."""
+
+    def __init__(self, path: Path, held: bool):
+        super().__init__(path)
+        self.held = held
+
+    def answer(self, msg: dict) -> bytes:
+        return protocol.error("job 1.0: setup failed: no IPv6 pool", **({"held": True} if self.held else {}))
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_held_job_waits_to_be_vacated_and_an_unheld_one_fails_at_once(tmp_path, held):
+    """Issue 23 item 3: after a failed setup, exiting 111 at once lets HTCondor record the job as completed; when
+    larkd has put the job on hold, the wrapper waits for the starter to kill it (the shadow vacates held jobs)."""
+    fake = RefusingLarkd(tmp_path / "lark.sock", held).start()
+    try:
+        p = wrapper(tmp_path, "true")
+        if held:
+            time.sleep(1.5)
+            assert p.poll() is None, "a held job's wrapper exited before it was vacated"
+            p.send_signal(signal.SIGTERM)  # the starter vacating it
+            _, err = p.communicate(timeout=30)
+            assert p.returncode == -signal.SIGTERM
+        else:
+            _, err = p.communicate(timeout=30)
+            assert p.returncode == 111
+        assert "no IPv6 pool" in err
+    finally:
+        fake.stop()
