@@ -186,8 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             wait_to_be_vacated()
         return code
     os.environ.update(answer.get("env", {}))
-    wait = answer.get("exit_barrier")
-    if not isinstance(wait, (int, float)) or wait <= 0:
+    announced = answer.get("exit_barrier")
+    wait = float(announced) if isinstance(announced, (int, float)) else 0.0
+    if wait <= 0:
         try:
             exec_job(argv)  # no barrier asked for (or a larkd from before it): become the job
         except OSError as e:
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"cannot execute {argv[0]}: {e.strerror}")
     _, status = os.waitpid(child, 0)  # retried by Python after each forwarded signal (PEP 475)
     forwarder.stop()
-    barrier(float(wait))
+    barrier(wait)
     return end_like(status)
 
 
