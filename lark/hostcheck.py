@@ -152,6 +152,21 @@ def ptrace_scope(path: str = YAMA_SCOPE) -> Finding:
     return Finding("ptrace", f"yama ptrace_scope {scope}", True, "jobs cannot trace Lark's hooks")
 
 
+def net_namespaces(path: str | None = None) -> Finding:
+    """OSG and EGI advise `user.max_net_namespaces = 0` on worker nodes: that stops root too, so no job starts."""
+    from .kernel.netns import net_namespace_limit
+    limit = net_namespace_limit(path)
+    fix = ("sysctl -w user.max_net_namespaces=<more than the slots> (and in /etc/sysctl.d); to stop unprivileged "
+           "user namespaces set user.max_user_namespaces = 0 instead")
+    if limit is None:
+        return Finding("netns", "user.max_net_namespaces unreadable", True, "no limit known")
+    if limit == 0:
+        return Finding("netns", "user.max_net_namespaces = 0", False,
+                       "no job can start: HTCondor's starter cannot make the job's network namespace (ENOSPC), and "
+                       "PREPARE_JOB holds every job saying so", fix)
+    return Finding("netns", f"user.max_net_namespaces = {limit}", True, "one per job is available")
+
+
 def condor_param(run: Runner, name: str) -> str | None:
     """One knob of HTCondor's configuration as condor_config_val prints it; None when it is not defined."""
     rc, out = run(["condor_config_val", name])
@@ -192,7 +207,7 @@ def file_transfer(run: Runner) -> Finding:
 
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
     return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), ptrace_scope(),
-            job_exit_hook(run), file_transfer(run)]
+            net_namespaces(), job_exit_hook(run), file_transfer(run)]
 
 
 def report(findings: list[Finding]) -> tuple[str, int]:

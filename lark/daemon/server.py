@@ -512,6 +512,9 @@ class Larkd:
         if starter is None:
             raise LarkError("only a job's starter hooks may ask for a pre-flight check",
                             obj=f"pid {who.pid} uid {who.uid}")
+        forbidden = netns.net_namespaces_forbidden()
+        if forbidden is not None:
+            raise forbidden
         key = job_key(starter.slot)
         # A job can ask for checks too (it descends from the starter): at most one query of the startd and
         # the schedd per starter every check_min_interval; repeats get the same answer.

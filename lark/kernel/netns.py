@@ -9,6 +9,8 @@ from typing import Iterator
 
 from pyroute2 import IPRoute
 
+from ..errors import LarkError
+
 CLONE_NEWNET = 0x40000000
 MS_BIND = 4096
 MS_REC = 16384
@@ -18,6 +20,30 @@ MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+
+
+MAX_NET_NAMESPACES = "/proc/sys/user/max_net_namespaces"
+
+
+def net_namespace_limit(path: str | None = None) -> int | None:
+    """How many network namespaces this user namespace's users (root included) may hold at once; None if unknown.
+    Hardening guides set `user.max_net_namespaces = 0` on worker nodes; then unshare(CLONE_NEWNET) fails with
+    ENOSPC for root too, so HTCondor's starter cannot give any job its namespace (NO_JOB_NETWORKING)."""
+    try:
+        with open(path or MAX_NET_NAMESPACES) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def net_namespaces_forbidden(path: str | None = None) -> LarkError | None:
+    """The refusal to give when no job can get a network namespace here, else None."""
+    if net_namespace_limit(path) != 0:
+        return None
+    return LarkError("this execution point allows no network namespaces, so HTCondor cannot start any job in one "
+                     "(NO_JOB_NETWORKING)", obj="sysctl user.max_net_namespaces = 0",
+                     fix="set user.max_net_namespaces above the number of slots (to stop unprivileged user "
+                         "namespaces, set user.max_user_namespaces = 0 instead: Lark and HTCondor do not need them)")
 
 
 def _check(ret: int, what: str) -> None:

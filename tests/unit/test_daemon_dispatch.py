@@ -256,3 +256,14 @@ def test_a_setup_that_fails_after_the_check_holds_the_job_at_its_schedd(tmp_path
     assert holds[0][2].startswith("Lark: job not started, its network could not be set up: job 3.0:")
     assert "no IPv6 pool" in holds[0][2] and "\n" not in holds[0][2]
     assert d.active == set()
+
+
+def test_the_check_refuses_every_job_where_no_network_namespace_can_be_made(tmp_path, monkeypatch):
+    d, _ = _daemon(tmp_path, monkeypatch)
+    limit = tmp_path / "max_net_namespaces"
+    limit.write_text("0\n")
+    monkeypatch.setattr(server_mod.netns, "MAX_NET_NAMESPACES", str(limit))
+    with pytest.raises(LarkError, match=r"user.max_net_namespaces = 0: this execution point allows no network"):
+        _run(d, lambda: d.dispatch({"op": "check"}, Peer(pid=ME, uid=1000, gid=1000)))
+    limit.write_text("100\n")
+    assert _answer(_run(d, lambda: d.dispatch({"op": "check"}, Peer(pid=ME, uid=1000, gid=1000))))["ok"]

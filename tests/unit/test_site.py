@@ -223,3 +223,17 @@ def test_transfer_gap_is_named_and_url_transfers_off_closes_the_part_lark_can_cl
     assert not on.ok and "URL transfers" in on.found and "ENABLE_URL_TRANSFERS = False" in on.fix
     off = hostcheck.file_transfer(config_runner({"ENABLE_URL_TRANSFERS": "False"}))
     assert off.ok and "URL" not in off.found and "sandbox transfer" in off.found and not off.fix
+
+
+def test_no_network_namespaces_allowed_is_reported_by_doctor_and_refused_by_the_check(tmp_path):
+    """Issue 23 item 5: `user.max_net_namespaces = 0` (OSG/EGI hardening) stops root too: no job can start."""
+    from lark.kernel.netns import net_namespaces_forbidden
+    limit = tmp_path / "max_net_namespaces"
+    limit.write_text("0\n")
+    f = hostcheck.net_namespaces(str(limit))
+    assert not f.ok and "no job can start" in f.action and "max_user_namespaces = 0 instead" in f.fix
+    refusal = net_namespaces_forbidden(str(limit))
+    assert refusal is not None and "user.max_net_namespaces = 0" in str(refusal)
+    limit.write_text("96365\n")
+    assert hostcheck.net_namespaces(str(limit)).ok and net_namespaces_forbidden(str(limit)) is None
+    assert net_namespaces_forbidden(str(tmp_path / "absent")) is None  # unknown: nothing to refuse
