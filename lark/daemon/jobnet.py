@@ -131,9 +131,10 @@ class JobNetworker:
                             rec.plan = net.to_dict()
                             self.records.save(rec)
                 mode.secure(net, n)
-                if mode.bridged and not plan.inbound:
-                    # No bridge conntrack on every kernel: the stateful "no new inbound" filter sits in the
-                    # job's own netns, where the job has no CAP_NET_ADMIN to change it.
+                if not plan.inbound:
+                    # The stateful "no new inbound" filter sits in the job's own netns, where the job has no
+                    # CAP_NET_ADMIN to change it: bridged frames have no conntrack on every kernel, and a NAT job's
+                    # connections from the EP host itself are local output that the forward hook never sees.
                     job_netns.block_inbound(ns_fd, plan.job_id, self._dhcpv6(plan, mode))
                 self.fw.add_job(net, n)
                 # Before the answer to the wrapper: the pool switch has the job's flows before its program runs.

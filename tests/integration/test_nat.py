@@ -85,6 +85,27 @@ def test_inbound_refused_by_default(fw_host):
     job.kill()
 
 
+def _host_connect(host, ip, port, timeout=2):
+    code = ("import socket\n"
+            f"try:\n s=socket.create_connection(('{ip}',{port}),timeout={timeout}); print(s.recv(100).decode().strip())\n"
+            "except OSError as e: print('ERR', e)")
+    return sh(host.in_host(["python3", "-c", code])).stdout.strip()
+
+
+def test_a_process_on_the_ep_host_cannot_connect_into_a_nat_job(fw_host):
+    """Issue 23 item 7: the forward hook never sees a connection from the EP host itself (it is local output),
+    so a NAT job without InboundConnectivity was reachable from any process there, uncounted. The job's own
+    netns refuses new connections into it, as for bridged jobs; its own connections still get their replies."""
+    host = fw_host
+    job = host.spawn_job("slot1", ["listen", "20000", "8"])
+    info = wait_ready(host, "slot1")
+    job.stdout.readline()
+    assert _host_connect(host, info["plan"]["ipv4"], 20000).startswith("ERR")
+    job.kill()
+    cp = host.run_job("slot2", ["whoami", WORLD_IP, "7000"])   # replies to the job's own connections pass
+    assert cp.returncode == 0 and json.loads(cp.stdout)["seen_as"] == HOST_IP, cp.stderr
+
+
 def test_inbound_allowed_through_host_port(fw_host):
     host = fw_host
     job = host.spawn_job("slot1", ["listen", "0", "15"], job_ad="InboundConnectivity = true")
