@@ -7,6 +7,8 @@ Run 2, unmanaged: the same jobs without a request, so TCP splits the link when l
 default_bandwidth = "unlimited"; with "fair" (the default since issue 14) Lark gives each an equal share instead.
 Each job samples its own received bytes; the per-second rates are plotted to a PNG like Figure 8 and summed
 up in a table. Goal: managed jobs within +-5% of their limit; unmanaged ones near an equal split.
+The jobs use file transfer (the sampler script is sent; its output comes back at the end). A job that started more
+than once or was evicted (its event log) would have sampled twice: the bench then prints no figures and exits 1.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "testbed"))
+import eventlog  # noqa: E402
 import testbed  # noqa: E402
 
 log = logging.getLogger("fig8")
@@ -30,6 +33,7 @@ LINK_MBIT = 1000
 USERS = [("alice", 100, 8001), ("bob", 300, 8002), ("carol", 600, 8003)]
 CONF = testbed.ROOT / "etc/condor/config.d/95-fig8.conf"
 OUT = REPO / "bench" / "out"
+RESTARTED: list[str] = []   # jobs whose event log shows other than exactly one start (run_once)
 
 # Runs inside each job: wait for the common start time, download in a loop, sample the received bytes.
 SAMPLER = """import json, sys, time, urllib.request
@@ -58,9 +62,11 @@ def submit(user: str, port: int, request: int | None, start_at: float, run: str)
     (d / "sampler.py").write_text(SAMPLER)
     url = f"http://{testbed.WORLD_IP}:{port}/50M.bin"
     extra = f"request_bandwidth = {request}" if request else ""
-    return testbed.submit_as(user, name, f'executable = /usr/bin/python3\narguments = "sampler.py {url} '
-                             f'{start_at} {SECONDS}"\noutput = out.txt\nerror = err.txt\nlog = log.txt\n'
-                             f"should_transfer_files = NO\n{extra}\nqueue\n")
+    return testbed.submit_as(user, name, f'executable = /usr/bin/python3\ntransfer_executable = false\n'
+                             f'arguments = "sampler.py {url} {start_at} {SECONDS}"\n'
+                             "output = out.txt\nerror = err.txt\nlog = log.txt\n"
+                             "should_transfer_files = YES\nwhen_to_transfer_output = ON_EXIT\n"
+                             f"transfer_input_files = sampler.py\n{extra}\nqueue\n")
 
 
 def wait_done(clusters: list[int], timeout: float) -> dict[int, dict]:
@@ -99,7 +105,10 @@ def run_once(run: str, managed: bool) -> dict:
     result = {}
     for user, mbit, _ in USERS:
         c = clusters[user]
-        out = (testbed.ROOT / "home" / user / f"fig8-{run}-{user}" / "out.txt").read_text().strip()
+        d = testbed.ROOT / "home" / user / f"fig8-{run}-{user}"
+        RESTARTED.extend(f"{run} {user}: {eventlog.describe(job, events)}"
+                         for job, events in eventlog.not_once(d / "log.txt", [f"{c}.0"]).items())
+        out = (d / "out.txt").read_text().strip() if (d / "out.txt").exists() else ""
         samples = json.loads(out)["samples"] if out else []
         series = per_second(samples, start_at)
         steady = [r for t, r in series if 2.0 <= t <= SECONDS - 1.0]  # skip slow start and the tail
@@ -155,6 +164,12 @@ def main() -> int:
         CONF.unlink(missing_ok=True)
         testbed.stop()
 
+    if RESTARTED:
+        print("\nfig8: no figures from this run: these jobs did not start exactly once (an evicted job samples "
+              "again, or not at all):")
+        for line in RESTARTED:
+            print(f"  {line}")
+        return 1
     png = OUT / "paper_fig8.png"
     plotted = plot(results, png)
     fair = LINK_MBIT / len(USERS)

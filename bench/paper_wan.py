@@ -31,6 +31,10 @@ Jobs: 17 uploaders are submitted once and run through every round: cms-a and cms
 cms), other-1..other-15 (bob and carol, no accounting group). Each writes its address, then waits for the driver's
 round files: a round names the jobs that send, a common start time (a barrier: all uploads start together) and a
 duration. A sending job opens one TCP connection to the sink and sends for the round's duration, then reports.
+The jobs use file transfer, as on a pool without a shared filesystem (uploader.py is sent, python3 is the EP's):
+the round files and reports are in each job's scratch directory on its EP (pool.job_scratch), and come back to the
+submit directory when the job ends. A job that started more than once or was evicted (its event log, read once the
+jobs have left the queue) would have joined rounds twice or missed some: the bench then prints no figures, exit 1.
 Fixed duration rather than the paper's fixed size (5 GB, 1 GB): a 1 GB upload at 1000/16 Mbit/s takes over two
 minutes, so 30 runs of fixed-size uploads cannot fit a CI-length run, and with a fixed duration every job competes
 for the whole measured window (the competition is the same from the first to the last second), which gives stable
@@ -74,6 +78,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 OUT = HERE / "out"
+sys.path.insert(0, str(REPO / "testbed"))
+import eventlog  # noqa: E402 (testbed/, standard library only)
+
 log = logging.getLogger("paper-wan")
 
 LINK_MBIT = 1000
@@ -365,6 +372,16 @@ while not os.path.exists("done"):
 '''
 
 
+def submit_file(j, pool, cc: str) -> str:
+    """An uploader's submit file: file transfer (uploader.py is sent; python3 is the EP's), its group's lines."""
+    extra = "accounting_group = cms\naccounting_group_user = alice\n" if j.group == "cms" else ""
+    return (f'executable = /usr/bin/python3\ntransfer_executable = false\n'
+            f'arguments = "uploader.py {j.label} {pool.WAN_SERVER} {SINK_PORT} {pool.GATEWAY} {cc}"\n'
+            "output = out.txt\nerror = err.txt\nlog = log.txt\n"
+            "should_transfer_files = YES\nwhen_to_transfer_output = ON_EXIT\ntransfer_input_files = uploader.py\n"
+            f"request_cpus = 1\nrequest_memory = 64\n{extra}queue\n")
+
+
 def sink(port: int, out: str, interval: float) -> None:
     """Accept uploads on `port`, count bytes per source address; every `interval` s append a JSON line
     {"t": time, "bytes": {address: total so far}} to `out`."""
@@ -444,9 +461,41 @@ class Bench:
         self.samples_path = pool.POOL / "paper_wan_sink.jsonl"
         self.mechanism_key: str | None = args.mechanism    # what goes into [wan] mechanism (check_mechanism)
         self.resubmitted: list[str] = []                    # jobs that ended before running, and why
+        self._scratch: dict[int, Path] = {}                 # cluster -> its scratch directory on its EP
 
     def path(self, j: Job) -> Path:
+        """The job's submit directory (its event log, and its files once it ended)."""
         return self.pool.HOME / j.user / f"wan-{j.label}"
+
+    def live(self, j: Job) -> Path | None:
+        """The running job's working directory on its EP, where it reads the round files and writes its reports;
+        None while it has not started and after it ended."""
+        d = self._scratch.get(j.cluster)
+        if d is None or not d.is_dir():
+            d = self.pool.job_scratch(self.path(j) / "log.txt", f"{j.cluster}.0")
+            if d is not None:
+                self._scratch[j.cluster] = d
+        return d
+
+    def running(self, j: Job) -> Path:
+        d = self.live(j)
+        if d is None:
+            raise RuntimeError(f"job {j.label} (cluster {j.cluster}) is not running any more; its event log: "
+                               f"{', '.join(eventlog.starts(self.path(j) / 'log.txt').get(f'{j.cluster}.0', []))}")
+        return d
+
+    def has(self, j: Job, name: str) -> bool:
+        d = self.live(j)
+        return d is not None and (d / name).exists()
+
+    def restarts(self) -> list[str]:
+        """A line for each job (its last cluster) whose event log shows other than exactly one start."""
+        out = []
+        for j in self.jobs:
+            if j.cluster:
+                for job, events in eventlog.not_once(self.path(j) / "log.txt", [f"{j.cluster}.0"]).items():
+                    out.append(f"{j.label}: {eventlog.describe(job, events)}")
+        return out
 
     # -- WAN side
     def shape_wan(self) -> None:
@@ -539,11 +588,8 @@ class Bench:
     # -- jobs
     def submit(self, j: Job) -> None:
         pool = self.pool
-        extra = "accounting_group = cms\naccounting_group_user = alice\n" if j.group == "cms" else ""
-        body = (f'executable = /usr/bin/python3\narguments = "uploader.py {j.label} {pool.WAN_SERVER} '
-                f'{SINK_PORT} {pool.GATEWAY} {self.args.cc}"\noutput = out.txt\nerror = err.txt\nlog = log.txt\n'
-                f"should_transfer_files = NO\nrequest_cpus = 1\nrequest_memory = 64\n{extra}queue\n")
-        j.cluster = pool.submit_as(j.user, f"wan-{j.label}", body, files={"uploader.py": UPLOADER})
+        j.cluster = pool.submit_as(j.user, f"wan-{j.label}", submit_file(j, pool, self.args.cc),
+                                   files={"uploader.py": UPLOADER})
 
     def submit_all(self) -> None:
         for j in self.jobs:
@@ -552,15 +598,16 @@ class Bench:
                  self.jobs[-1].cluster)
         self._wait_files(self.jobs, "me.json", 300, resubmit=2)
         for j in self.jobs:
-            j.address = json.loads((self.path(j) / "me.json").read_text())["address"]
+            j.address = json.loads((self.running(j) / "me.json").read_text())["address"]
         log.info("all %d jobs run: %s", len(self.jobs), ", ".join(f"{j.label}={j.address}" for j in self.jobs))
 
     def _wait_files(self, jobs: list[Job], name: str, timeout: float, resubmit: int = 0) -> None:
         """Until every job wrote `name`. With `resubmit`, a job that left the queue without writing it (Lark could
-        not set up its network: the reason is in its err.txt) is submitted again, at most that many times."""
+        not set up its network: the reason is in its err.txt, back in its submit directory) is submitted again, at
+        most that many times."""
         deadline, check_at, again = time.time() + timeout, time.time() + 5, 0
         while True:
-            missing = [j for j in jobs if not (self.path(j) / name).exists()]
+            missing = [j for j in jobs if not self.has(j, name)]
             if not missing:
                 return
             if resubmit and time.time() >= check_at:
@@ -569,8 +616,9 @@ class Bench:
                                                                "-af", "ClusterId"]), check=False)
                 queued = set(cp.stdout.split()) if cp.returncode == 0 else {str(j.cluster) for j in missing}
                 for j in missing:
-                    if str(j.cluster) not in queued and not (self.path(j) / name).exists() and again < resubmit:
-                        err = (self.path(j) / "err.txt").read_text(errors="replace").strip()[-400:]
+                    if str(j.cluster) not in queued and not self.has(j, name) and again < resubmit:
+                        err_txt = self.path(j) / "err.txt"
+                        err = err_txt.read_text(errors="replace").strip()[-400:] if err_txt.exists() else ""
                         log.warning("job %s (cluster %d) ended before it ran: %s; submitting it again",
                                     j.label, j.cluster, err or "no error output")
                         self.resubmitted.append(f"{j.label}: {err}")
@@ -598,7 +646,7 @@ class Bench:
         drops_before = self.switch_drops()
         start_at = time.time() + 2.0
         for j in self.jobs:
-            self._put(self.path(j) / f"round-{self.k}.json",
+            self._put(self.running(j) / f"round-{self.k}.json",
                       {"send": j.label in senders, "start_at": start_at, "seconds": seconds})
         self._wait_files(self.jobs, f"sent-{self.k}.json", seconds + 60)
         time.sleep(2.5)              # the controller polls meter stats every 2 s; the sink samples every 0.5 s
@@ -612,7 +660,7 @@ class Bench:
                "offered": {g: (after[g] - before.get(g, 0)) * 8 / seconds / 1e6 for g in after}}
         for label in senders:
             j = self.by_label[label]
-            sent = json.loads((self.path(j) / f"sent-{self.k}.json").read_text())
+            sent = json.loads((self.running(j) / f"sent-{self.k}.json").read_text())
             if "error" in sent:      # counted as what the sink got from it (0 if it never connected)
                 log.warning("round %s: job %s: %s", name, label, sent["error"])
             res["sent"][label] = sent
@@ -623,8 +671,8 @@ class Bench:
 
     def finish_jobs(self) -> None:
         for j in self.jobs:
-            if self.path(j).exists():
-                self._put(self.path(j) / "done", {})
+            if (d := self.live(j)) is not None:
+                self._put(d / "done", {})
         clusters = [str(j.cluster) for j in self.jobs if j.cluster]
         deadline = time.time() + 60
         while clusters and time.time() < deadline:
@@ -756,7 +804,6 @@ def main() -> int:
     ns = parse_ns(args.ns, args.full)
     if args.seconds < WARMUP + TAIL + 3:
         raise SystemExit(f"paper_wan: --seconds must be at least {WARMUP + TAIL + 3:g}")
-    sys.path.insert(0, str(REPO / "testbed"))
     import pool  # noqa: E402 (the testbed, stdlib only)
 
     pool.tb.prepare("bench/paper_wan.py")
@@ -795,11 +842,23 @@ def main() -> int:
         bench.finish_jobs()
     finally:
         bench.stop_sink()
+        try:                             # before pool.down(), which moves the submit directories away
+            restarted = bench.restarts()
+        except (OSError, ValueError) as e:
+            restarted = [f"the jobs' event logs could not be read: {e}"]
+        for line in restarted:
+            log.error("did not start exactly once: %s", line)
         pool.down()
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
         if pool.PREFIX in left:
             log.error("pool namespaces are still there: %s", left)
     wall = time.monotonic() - t_start
+    if restarted:
+        print(f"\npaper_wan: no figures from this run: {len(restarted)} job(s) did not start exactly once (an "
+              "evicted uploader misses rounds or joins them twice):")
+        for line in restarted:
+            print(f"  {line}")
+        return 1
 
     rows = fig12_rows(managed, unmanaged)
     pngs = plot(fig10, rows, OUT / "paper_wan_fig10.png", OUT / "paper_wan_fig12.png")

@@ -6,30 +6,39 @@ core Open vSwitch with lark-controller), then submits two clusters of BENCH_JOBS
 user, one after the other, and stops the pool (also on failure):
   1. "lark":  the pool's normal configuration: the STARTER wrapper (lark-starter) gives every job an empty netns,
      the PREPARE_JOB hook asks larkd for the job's plan, the USER_JOB_WRAPPER (lark-job-wrapper) has larkd build
-     the job's network (bridge mode, static address, limits, counters, controller registration) before it execs
-     /bin/true, and the JOB_EXIT hook waits while larkd pushes the final counters to the schedd.
+     the job's network (bridge mode, static address, limits, counters, controller registration) before it starts
+     /bin/true, and once /bin/true has ended holds the exit barrier: it waits while larkd pushes the final counters
+     to the schedd, then exits like /bin/true. (There is no JOB_EXIT hook any more: on HTCondor 24.x/25.x any
+     JOB_EXIT hook makes the starter exit during output transfer, and file-transfer jobs are evicted forever.)
   2. "plain": the same EPs after a drop-in (NO_LARK_CONF) and `condor_reconfig`: STARTER is the real
      condor_starter, USER_JOB_WRAPPER and STARTER_JOB_HOOK_KEYWORD are empty. So the job start path runs no Lark
      code at all: no starter wrapper, no hook, no job wrapper; the job runs in the EP's own network namespace as
      on a stock EP (NO_JOB_NETWORKING is only set by lark-starter). What remains of Lark on the EP is idle
      background work, off every job's path: larkd itself (polling no jobs) and the 30 s STARTD_CRON machine-ad
      probe. Why this way: a submit attribute or policy giving NetworkType "none" would still run the starter
-     wrapper, both hooks, the job wrapper and a larkd round trip, i.e. measure Lark's "none" path, not "no Lark";
+     wrapper, the hook, the job wrapper and a larkd round trip, i.e. measure Lark's "none" path, not "no Lark";
      a second slot type could clear USER_JOB_WRAPPER and the hook keyword for its starters (a starter reads
      `slot_type_N.` settings), but the startd launches every slot's starter through the one STARTER, so
      lark-starter would still run for the "plain" jobs. Reconfiguring the two EPs between the halves changes
      nothing else: same slots, same schedd, same user, same submit file.
-The bench checks what the StarterLog shows: every "lark" job's starter used lark-job-wrapper and ran the Lark
-hooks, and no "plain" job's starter did, else it fails. lark-starter leaves no line there; that it is gone in the
-"plain" half follows from STARTER in the drop-in (and shows in the step table: activate -> starter banner).
+The jobs use file transfer, as on a pool without a shared filesystem (/bin/true is the EP's own, nothing is sent
+or comes back): both halves pay the starter's input and output transfer steps.
+The bench checks what the StarterLog shows: every "lark" job's starter used lark-job-wrapper and ran the
+PREPARE_JOB hook (`PREPARE_JOB (<path>) invoked.`), and no "plain" job's starter used a wrapper or ran a hook, else
+it fails. lark-starter leaves no line there; that it is gone in the "plain" half follows from STARTER in the
+drop-in (and shows in the step table: activate -> starter banner). It also reads each half's job event log: when a
+job started more than once or was evicted, the bench prints no figures and exits 1.
 
 Per job, from the EPs' own logs (STARTD_DEBUG/STARTER_DEBUG = D_SUB_SECOND, millisecond timestamps, one clock):
   start_ms  the startd receiving the shadow's activate_claim (StartLog) -> the starter seeing the job's process
             exit (StarterLog). /bin/true runs for about a millisecond, so this is the start path: starter wrapper,
-            starter start-up, PREPARE_JOB hook, Create_Process, and (with Lark) the job wrapper setting up the
-            network before it execs /bin/true. Added start latency = lark - plain, at p50 and at p99.
+            starter start-up, input transfer, PREPARE_JOB hook, Create_Process, and (with Lark) the job wrapper
+            setting up the network before it starts /bin/true. With Lark it also holds the exit barrier: the job's
+            process is the wrapper, which exits only after larkd's final push, and the StarterLog has no line for
+            /bin/true's own end, so the barrier cannot be told apart from the start there. Added start latency =
+            lark - plain, at p50 and at p99 (an upper bound: it includes the barrier).
   slot_ms   activate_claim -> the startd seeing the starter exit (StartLog): the whole time the slot is busy,
-            including the JOB_EXIT hook and the starter's clean-up.
+            including output transfer and the starter's clean-up.
 The job ad's view is coarser: JobCurrentStartExecutingDate - JobCurrentStartDate (the shadow's activation to
 the starter's "executing" report; whole seconds, and with Lark it is reached before the job wrapper runs) is
 printed as a mean for reference. wall_s: condor_submit -> every job of the cluster terminated (condor_wait on
@@ -54,6 +63,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(REPO / "testbed"))
+import eventlog  # noqa: E402 (testbed/, standard library only)
+
 N_JOBS = int(os.environ.get("BENCH_JOBS", "50"))
 USER = "alice"
 log = logging.getLogger("pool-true-jobs")
@@ -89,7 +101,7 @@ class StarterRun:
     exited: float | None = None           # "Process exited"
     ending: float | None = None           # "EXITING WITH STATUS"
     wrapper: str = ""                     # the USER_JOB_WRAPPER it used, if any
-    hooks: list[str] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)   # the hooks it ran: PREPARE_JOB, JOB_EXIT, ...
 
 
 def parse_starter_log(text: str) -> dict[str, StarterRun]:
@@ -116,7 +128,10 @@ def parse_starter_log(text: str) -> dict[str, StarterRun]:
             run.exited = t
         elif "EXITING WITH STATUS" in msg:
             run.ending = t
-        elif h := re.match(r"(HOOK_\w+) ", msg):
+        elif h := re.match(r"(?:HOOK_)?([A-Z_]+) \(.*\) invoked", msg):
+            # `PREPARE_JOB (/opt/lark/bin/lark-prepare-job) invoked.` (StarterHookMgr.cpp names it by its type);
+            # UPDATE_JOB_INFO and JOB_EXIT are logged as `HOOK_UPDATE_JOB_INFO (...) invoked` and
+            # `HOOK_JOB_EXIT (...) invoked with reason: ...`: one name for each, without HOOK_.
             run.hooks.append(h.group(1))
     return {r.job: r for r in runs if r.job}
 
@@ -185,8 +200,9 @@ def measure(starters: dict[str, StarterRun], slots: dict[str, tuple[float, float
         if run is None or slot is None or run.exited is None or slot[1] is None:
             raise RuntimeError(f"job {job}: not complete in the EPs' StartLog/StarterLog (starter {run}, "
                                f"slot {slot}); see the pool's last-run logs")
-        lark = "lark-job-wrapper" in run.wrapper and any(h.startswith("HOOK_") for h in run.hooks)
-        if lark != want_lark:
+        lark = "lark-job-wrapper" in run.wrapper and "PREPARE_JOB" in run.hooks
+        plain = not run.wrapper and not run.hooks
+        if (lark, plain) != (want_lark, not want_lark):
             raise RuntimeError(f"job {job}: expected the {'Lark' if want_lark else 'plain'} start path, its "
                                f"starter used wrapper {run.wrapper!r} and hooks {run.hooks}")
         start_ms.append((run.exited - slot[0]) * 1000)
@@ -195,10 +211,14 @@ def measure(starters: dict[str, StarterRun], slots: dict[str, tuple[float, float
 
 
 # Where a job's time on the EP goes, in order: (label, from, to); None is the startd's view (StartLog).
+# There is no separate exit-barrier step any more: the barrier was the JOB_EXIT hook, after the job's process
+# exited; it is in the job wrapper now (lark/job/wrapper.py), and the starter only sees the wrapper exit, after
+# the barrier. The StarterLog has no line for the end of /bin/true itself, so the barrier is inside the third step
+# and not measured on its own.
 STEPS = [("activate -> starter banner (STARTER wrapper)", "activate", "up"),
-         ("banner -> Create_Process (PREPARE_JOB hook)", "up", "started"),
-         ("Create_Process -> exit (job wrapper + /bin/true)", "started", "exited"),
-         ("exit -> starter exits (JOB_EXIT hook, clean-up)", "exited", "ending")]
+         ("banner -> Create_Process (input transfer, PREPARE_JOB hook)", "up", "started"),
+         ("Create_Process -> exit (job wrapper: network, /bin/true, exit barrier)", "started", "exited"),
+         ("exit -> starter exits (output transfer, clean-up)", "exited", "ending")]
 
 
 def breakdown(starters: dict[str, StarterRun], slots: dict[str, tuple[float, float | None]],
@@ -295,19 +315,40 @@ def _history(pool, cluster: int) -> list[dict]:
     return out
 
 
+class Restarted(RuntimeError):
+    """Jobs of a half started more than once or were evicted: no figures from such a run."""
+
+
+def restarts(log_path: Path, cluster: int, n: int) -> list[str]:
+    """A line for each of the cluster's n jobs whose event log shows other than exactly one start."""
+    jobs = [f"{cluster}.{p}" for p in range(n)]
+    return [eventlog.describe(job, events) for job, events in eventlog.not_once(log_path, jobs).items()]
+
+
+SUBMIT = ("universe = vanilla\nexecutable = /bin/true\ntransfer_executable = false\n"
+          "should_transfer_files = YES\nwhen_to_transfer_output = ON_EXIT\n"
+          "log = job.log\noutput = /dev/null\nerror = /dev/null\nrequest_cpus = 1\nrequest_memory = 64\n"
+          "queue {n}\n")
+
+
 def run_half(pool, name: str) -> Half:
-    body = ("universe = vanilla\nexecutable = /bin/true\nshould_transfer_files = NO\n"
-            "log = job.log\noutput = /dev/null\nerror = /dev/null\nrequest_cpus = 1\nrequest_memory = 64\n"
-            f"queue {N_JOBS}\n")
     t0 = time.monotonic()
-    cluster = pool.submit_as(USER, f"bench-true-{name}", body)
+    cluster = pool.submit_as(USER, f"bench-true-{name}", SUBMIT.format(n=N_JOBS))
+    job_log = pool.HOME / USER / f"bench-true-{name}" / "job.log"
     wait = pool.run(pool.in_machine("cm", ["condor_wait", "-wait", str(60 + 10 * N_JOBS),
                                            f"/home/{USER}/bench-true-{name}/job.log", str(cluster)], user=USER),
                     check=False)
     wall = time.monotonic() - t0
     if wait.returncode != 0:
         pool.run(pool.in_machine("cm", ["condor_rm", str(cluster)]), check=False)
-        raise RuntimeError(f"{name}: cluster {cluster} did not finish: {wait.stdout.strip()} {wait.stderr.strip()}")
+        again = restarts(job_log, cluster, N_JOBS)
+        raise (Restarted if again else RuntimeError)(
+            f"{name}: cluster {cluster} did not finish: {wait.stdout.strip()} {wait.stderr.strip()}"
+            + "".join(f"\n  {line}" for line in again))
+    again = restarts(job_log, cluster, N_JOBS)
+    if again:
+        raise Restarted(f"{name}: {len(again)} of {N_JOBS} jobs did not start exactly once:"
+                        + "".join(f"\n  {line}" for line in again))
     ads = []
     for _ in range(30):  # the history file is written just after the terminate event
         ads = _history(pool, cluster)
@@ -329,7 +370,6 @@ def run_half(pool, name: str) -> Half:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="pool-true-jobs: %(message)s")
-    sys.path.insert(0, str(REPO / "testbed"))
     import pool  # noqa: E402 (the testbed, stdlib only)
 
     pool.tb.prepare("bench/pool_true_jobs.py")
@@ -345,6 +385,10 @@ def main() -> int:
             _ep_conf(pool, ep, "97-bench-no-lark.conf", NO_LARK_CONF)
         _reconfig(pool)
         plain = run_half(pool, "plain")
+    except Restarted as e:
+        print(f"pool-true-jobs: no figures from this run: {e}\n(an evicted job starts again: its start and slot "
+              "times would count twice, or mix two starts)")
+        return 1
     finally:
         pool.down()
         left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

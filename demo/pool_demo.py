@@ -4,7 +4,9 @@ back in condor_history.
 Builds (once, cached) and starts the testbed (testbed/testbed.py: a one-machine pool in its own network
 namespace with an uplink to a "world" namespace serving files), adds the paper's NetworkType policy,
 submits a handful of jobs, waits for them, prints one table from condor_history, then stops the pool and
-removes everything it started.
+removes everything it started. The jobs use file transfer, as on a pool without a shared filesystem (their
+program is the EP's python3; their output comes back at the end), and the demo fails (exit 1) when a job's event
+log shows that it started more than once or was evicted.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "testbed"))
+import eventlog  # noqa: E402
 import testbed  # noqa: E402
 
 log = logging.getLogger("demo")
@@ -41,8 +44,9 @@ COLUMNS = [("job", "GlobalJobId"), ("owner", "Owner"), ("asked", None), ("mode",
 
 def submit_file(extra: str, program: str) -> str:
     args = "-c '" + program.replace('"', '""') + "'"
-    return (f'executable = /usr/bin/python3\narguments = "{args}"\noutput = out.txt\nerror = err.txt\n'
-            f"log = log.txt\nshould_transfer_files = NO\n{extra}\nqueue\n")
+    return (f'executable = /usr/bin/python3\ntransfer_executable = false\narguments = "{args}"\n'
+            "output = out.txt\nerror = err.txt\nlog = log.txt\n"
+            f"should_transfer_files = YES\nwhen_to_transfer_output = ON_EXIT\n{extra}\nqueue\n")
 
 
 def rate(v: str) -> str:
@@ -105,11 +109,25 @@ def main() -> int:
         print()
         show(clusters, rows)
         print()
+        restarted = []
         for (user, name, _, _), c in zip(JOBS, clusters):
-            out = (testbed.ROOT / "home" / user / name / "out.txt").read_text().strip()
-            print(f"job {c}.0 ({user}) printed: {out}")
+            d = testbed.ROOT / "home" / user / name
+            out = d / "out.txt"
+            print(f"job {c}.0 ({user}) printed: {out.read_text().strip() if out.exists() else '(no out.txt)'}")
+            restarted += [eventlog.describe(job, events)
+                          for job, events in eventlog.not_once(d / "log.txt", [f"{c}.0"]).items()]
         print()
-        return 0 if len(rows) == len(clusters) else 1
+        if restarted:
+            print("jobs that did NOT start exactly once (their event logs):")
+            for line in restarted:
+                print(f"  {line}")
+            print()
+            return 1
+        if len(rows) != len(clusters):
+            print(f"only {len(rows)} of {len(clusters)} jobs reached the history")
+            return 1
+        print(f"every job started once and finished ({len(clusters)} of {len(clusters)}, file transfer)")
+        return 0
     finally:
         POLICY_CONF.unlink(missing_ok=True)
         testbed.stop()

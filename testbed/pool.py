@@ -10,6 +10,8 @@ Every machine is a network namespace (lark-pool-*):
 The HTCondor machines run from the one-machine testbed's chroot root (testbed/testbed.py builds it), each
 through its own overlay mount, so every machine has its own /etc, /var/lib/condor, /run; /home is one shared
 directory bind-mounted into all of them (like NFS homes on a real site). docs/pool.md explains the choices.
+Jobs do not rely on it: they are submitted with file transfer, as on most pools, and run in their scratch directory
+on the EP (job_scratch finds it for a driver that talks to a running job through files).
 
   pool.py up       build/install the shared root (testbed.py), then start the pool; waits for both EPs' slots
   pool.py down     everything stopped by PID, unmounted, namespaces removed. Safe to repeat
@@ -33,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import eventlog  # noqa: E402
 import testbed as tb  # noqa: E402
 
 log = logging.getLogger("pool")
@@ -651,6 +654,25 @@ def submit_as(user: str, name: str, body: str, files: dict[str, str] | None = No
     if cp.returncode != 0:
         raise RuntimeError(f"condor_submit as {user} in {name} failed: {cp.stderr.strip()}")
     return int(cp.stdout.split(".")[0])
+
+
+def job_scratch(event_log: Path, job: str) -> Path | None:
+    """The scratch directory of a running job, as this host sees it on the EP that runs it; None before the job
+    starts and after it ended. `event_log`: the job's event log in its submit directory; `job`: "cluster.proc".
+
+    Jobs run with file transfer (no shared filesystem): a driver that talks to a running job through files (the
+    probes, bench/paper_wan.py) reads and writes them in the job's working directory on its EP, as the EP's admin
+    could. The job's latest execute event names the EP (the startd's address) and the starter's CondorScratchDir;
+    the EPs share one kernel, so a starter's dir_<pid> exists on one EP only."""
+    where = eventlog.last_execute(event_log, job)
+    if where is None or not where.scratch:
+        return None
+    eps = [ep for ep in EPS if ADDRESS[ep] == where.host] or EPS
+    for ep in eps:
+        path = root_of(ep) / where.scratch.lstrip("/")
+        if path.is_dir():
+            return path
+    return None
 
 
 def main() -> int:

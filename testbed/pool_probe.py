@@ -1,9 +1,13 @@
 """Reachability probes through real HTCondor jobs on the pool testbed (testbed/pool.py).
 
-Each probe job (one per user and EP asked for) listens on pool.JOB_PORT, reports its own address in its
-directory (/home/<user>/<dir>, shared by all machines), waits for the driver to hand it its peers' addresses,
-then tries each peer and the WAN server's /link page from inside its own network namespace, and writes what it
-could and could not reach. Used by `make demo-pool` and tests/e2e_pool. Standard library only.
+Each probe job (one per user and EP asked for) listens on pool.JOB_PORT, reports its own address in its working
+directory, waits for the driver to hand it its peers' addresses, then tries each peer and the WAN server's /link
+page from inside its own network namespace, and writes what it could and could not reach. The jobs are submitted
+with file transfer (probe.py is sent, python3 is the EP's): the working directory is the job's scratch directory on
+its EP, where the driver reads and writes (pool.job_scratch), and the files come back to /home/<user>/<dir> when
+the job ends. Every job must start exactly once: its event log is read after it left the queue (start_problems;
+the demo and tests/e2e_pool fail on a restart or an eviction). Used by `make demo-pool` and tests/e2e_pool.
+Standard library only.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import eventlog
 import pool
 
 log = logging.getLogger("pool.probe")
@@ -78,6 +83,7 @@ class ProbeJob:
     cluster: int = 0
     address: str = ""
     seen: dict = field(default_factory=dict)
+    starts: list[str] | None = None     # its event log once it left the queue ("execute", "evicted", ...)
 
     @property
     def label(self) -> str:
@@ -87,7 +93,12 @@ class ProbeJob:
         return f"{run}-{self.user}{self.n if self.n > 1 else ''}-{self.ep}"
 
     def path(self, run: str) -> Path:
+        """The submit directory (on the CM; the job's files come back here when it ends)."""
         return pool.HOME / self.user / self.dir(run)
+
+    def scratch(self, run: str) -> Path | None:
+        """The running job's working directory on its EP (None while it has not started or after it ended)."""
+        return pool.job_scratch(self.path(run) / "log.txt", f"{self.cluster}.0")
 
 
 def policy_jobs() -> list[ProbeJob]:
@@ -99,36 +110,57 @@ def policy_jobs() -> list[ProbeJob]:
 
 
 def submit_file(job: ProbeJob) -> str:
-    return (f'executable = /usr/bin/python3\n'
+    return (f'executable = /usr/bin/python3\ntransfer_executable = false\n'
             f'arguments = "probe.py {job.label} {pool.JOB_PORT} {pool.WAN_SERVER} {pool.GATEWAY}"\n'
-            "output = out.txt\nerror = err.txt\nlog = log.txt\nshould_transfer_files = NO\n"
+            "output = out.txt\nerror = err.txt\nlog = log.txt\n"
+            "should_transfer_files = YES\nwhen_to_transfer_output = ON_EXIT\ntransfer_input_files = probe.py\n"
             f'requirements = TARGET.LarkPoolEP == "{job.ep}"\n'
             "+InboundConnectivity = true\n"
             f"{job.extra}\nqueue\n")
 
 
-def _wait_files(jobs: list[ProbeJob], run: str, name: str, timeout: float) -> None:
+def _read(j: ProbeJob, run: str, name: str) -> dict | None:
+    """A file the running job wrote in its working directory, None while it is not there."""
+    d = j.scratch(run)
+    try:
+        return json.loads((d / name).read_text()) if d is not None else None
+    except FileNotFoundError:
+        return None
+
+
+def _wait_files(jobs: list[ProbeJob], run: str, name: str, timeout: float) -> dict[str, dict]:
+    """Label -> the file `name` of each job's working directory, once every job wrote it."""
     deadline = time.time() + timeout
+    got: dict[str, dict] = {}
     while True:
-        missing = [j for j in jobs if not (j.path(run) / name).exists()]
+        for j in jobs:
+            if j.label not in got and (data := _read(j, run, name)) is not None:
+                got[j.label] = data
+        missing = [j for j in jobs if j.label not in got]
         if not missing:
-            return
+            return got
         if time.time() > deadline:
             raise RuntimeError(f"probe jobs {', '.join(f'{j.cluster} ({j.label})' for j in missing)} wrote no "
-                               f"{name} in {timeout:.0f} s: {_why(missing)}")
+                               f"{name} in {timeout:.0f} s: {_why(missing, run)}")
         time.sleep(0.5)
 
 
-def _why(jobs: list[ProbeJob]) -> str:
+def _why(jobs: list[ProbeJob], run: str) -> str:
     cp = pool.run(pool.in_machine("cm", ["condor_q", *(str(j.cluster) for j in jobs), "-af:t", "ClusterId",
                                          "JobStatus", "HoldReason"]), check=False)
-    return cp.stdout.strip().replace("\n", "; ") or "not in the queue"
+    queue = cp.stdout.strip().replace("\n", "; ") or "not in the queue"
+    starts = []
+    for j in jobs:
+        events = eventlog.starts(j.path(run) / "log.txt").get(f"{j.cluster}.0", [])
+        starts.append(f"{j.label}: {', '.join(events) or 'no start'}")
+    return f"{queue} (event logs: {'; '.join(starts)})"
 
 
 def run_probes(jobs: list[ProbeJob], run: str = "probe", timeout: float = 180,
                while_running: Callable[[], None] | None = None,
                before_probing: Callable[[], None] | None = None) -> list[ProbeJob]:
-    """Submit one probe job per entry, let every job try every other one and the WAN, collect the answers.
+    """Submit one probe job per entry, let every job try every other one and the WAN, collect the answers and,
+    once the jobs have left the queue, what each one's event log shows (ProbeJob.starts; see start_problems).
 
     `before_probing` is called once every job runs networked and before any probes; `while_running` once all
     answers are in and before the jobs are let go (their networks still exist)."""
@@ -136,25 +168,37 @@ def run_probes(jobs: list[ProbeJob], run: str = "probe", timeout: float = 180,
         j.cluster = pool.submit_as(j.user, j.dir(run), submit_file(j), files={"probe.py": PROGRAM})
         log.info("%s: job %d.0", j.label, j.cluster)
     try:
-        _wait_files(jobs, run, "me.json", timeout)
+        me = _wait_files(jobs, run, "me.json", timeout)
         for j in jobs:
-            j.address = json.loads((j.path(run) / "me.json").read_text())["address"]
+            j.address = me[j.label]["address"]
         if before_probing:
             before_probing()
         for j in jobs:
             peers = {o.label: o.address for o in jobs if o is not j}
-            _put(j.path(run) / "targets.json", {"peers": peers, "wan_port": pool.WAN_HTTP_PORT})
-        _wait_files(jobs, run, "results.json", 60)
+            _put(_running(j, run) / "targets.json", {"peers": peers, "wan_port": pool.WAN_HTTP_PORT})
+        results = _wait_files(jobs, run, "results.json", 60)
         for j in jobs:
-            j.seen = json.loads((j.path(run) / "results.json").read_text())
+            j.seen = results[j.label]
         if while_running:
             while_running()
     finally:
         for j in jobs:
-            if j.path(run).exists():
-                _put(j.path(run) / "done", {})
+            if (d := j.scratch(run)) is not None:
+                _put(d / "done", {})
     wait_gone([j.cluster for j in jobs])
+    # Every job has left the queue: its event log is complete.
+    for j in jobs:
+        j.starts = eventlog.starts(j.path(run) / "log.txt").get(f"{j.cluster}.0", [])
+        if j.starts != ["execute"]:
+            log.error("%s: %s", j.label, eventlog.describe(f"{j.cluster}.0", j.starts))
     return jobs
+
+
+def _running(j: ProbeJob, run: str) -> Path:
+    d = j.scratch(run)
+    if d is None:
+        raise RuntimeError(f"probe job {j.cluster} ({j.label}) is no longer running: {_why([j], run)}")
+    return d
 
 
 def _put(path: Path, data: dict) -> None:
@@ -215,6 +259,13 @@ def policy_mismatches(jobs: list[ProbeJob]) -> list[str]:
             if _short(got) != want:
                 out.append(f"{j.label} -> {dst}: expected {want}, saw {got}")
     return out
+
+
+def start_problems(jobs: list[ProbeJob]) -> list[str]:
+    """A line for each job whose event log shows other than exactly one start (an eviction, a lost shadow or
+    starter, or no start at all). Jobs whose log was not read (starts None: not run by run_probes) are skipped."""
+    return [f"{j.label}: {eventlog.describe(f'{j.cluster}.0', j.starts)}" for j in jobs
+            if j.starts is not None and j.starts != ["execute"]]
 
 
 def _short(v: str) -> str:

@@ -4,10 +4,12 @@ The jobs (pool_probe.policy_jobs): alice and bob on both EPs, a second alice job
 accounting group "students", carol on ep2. The policies (pool.SDN_POLICIES): drop Owner == "carol"; a slice per
 Owner; no WAN for AcctGroup "students"; bob's WAN traffic out of the alternate port wan1. Pairs on one EP hold too:
 the EPs isolate their job ports (bridge_isolate_jobs) and the core switch sends allowed frames back (ep_ports).
+The jobs use file transfer (no shared filesystem), and each one's event log must show exactly one start.
 """
 import time
 
 import pytest
+from pool_probe import start_problems
 
 pytestmark = pytest.mark.e2e
 
@@ -15,6 +17,12 @@ pytestmark = pytest.mark.e2e
 def seen(policy_run, src: str, dst: str) -> str:
     jobs, _ = policy_run
     return jobs[src].seen[dst]
+
+
+def test_every_probe_job_started_once_and_was_never_evicted(policy_run):
+    jobs, _ = policy_run
+    assert all(j.starts is not None for j in jobs.values())
+    assert start_problems(list(jobs.values())) == []
 
 
 def test_same_owner_reaches_its_job_on_the_other_ep(policy_run):
@@ -85,6 +93,7 @@ def test_policies_hold_while_the_controller_is_down_and_it_rebuilds_its_view(lar
     jobs = {j.label: j for j in run_probes([ProbeJob("alice", "ep1"), ProbeJob("alice", "ep2"),
                                             ProbeJob("bob", "ep2")], run="down",
                                            before_probing=lark_pool.kill_controller, while_running=restart)}
+    assert start_problems(list(jobs.values())) == []
     assert jobs["alice@ep1"].seen["alice@ep2"] == "reached"
     assert jobs["alice@ep1"].seen["bob@ep2"].startswith("blocked")
     assert jobs["bob@ep2"].seen["wan"] == "wan1"

@@ -195,3 +195,29 @@ def test_switch_drops_are_summed_from_the_packet_sockets_and_shown_per_managed_r
                             {8: {"goodput": {"cms-a": 135.5}}})
     cells = bench.fig12_table(rows).splitlines()[1].split()
     assert rows[0].switch_drops_with == 212 and cells[:6] == ["8", "848.1", "0.942", "96.0", "96.0-96.0", "212"]
+
+
+def test_uploaders_use_file_transfer_and_the_cms_jobs_their_group():
+    cms, other = bench.make_jobs()[0], bench.make_jobs()[2]
+    sub = bench.submit_file(cms, pool, "reno")
+    for line in ("executable = /usr/bin/python3", "transfer_executable = false", "should_transfer_files = YES",
+                 "when_to_transfer_output = ON_EXIT", "transfer_input_files = uploader.py", "log = log.txt",
+                 "accounting_group = cms", f'arguments = "uploader.py cms-a {pool.WAN_SERVER} {bench.SINK_PORT} '
+                 f'{pool.GATEWAY} reno"'):
+        assert line + "\n" in sub
+    assert "accounting_group" not in bench.submit_file(other, pool, "reno")
+
+
+def test_a_run_whose_uploader_restarted_names_it(tmp_path, monkeypatch):
+    """No figures from a run where a job started twice: the bench lists each such job from its event log."""
+    monkeypatch.setattr(pool, "HOME", tmp_path)
+    b = bench.Bench(pool, type("Args", (), {"mechanism": "queue"})())
+    for n, j in enumerate(b.jobs[:3]):
+        j.cluster = 30 + n
+        d = b.path(j)
+        d.mkdir(parents=True)
+        events = ["001"] if n != 1 else ["001", "004", "001"]
+        d.joinpath("log.txt").write_text("".join(
+            f"{e} ({j.cluster:03d}.000.000) 2026-11-25 17:56:{40 + i} Job ...\n...\n" for i, e in enumerate(events)))
+    assert b.restarts() == ["cms-b: job 31.0: started 2 times; its event log shows execute, evicted, execute"]
+    assert b.live(b.jobs[0]) is None                        # its execute event names no scratch directory

@@ -1,4 +1,5 @@
-"""The pure parts of bench/pool_true_jobs.py: log parsing, per-job arithmetic, percentiles, the summary line."""
+"""The pure parts of bench/pool_true_jobs.py: log parsing, per-job arithmetic, percentiles, the summary line, the
+submit file and the refusal of a run whose jobs started more than once."""
 from __future__ import annotations
 
 import importlib.util
@@ -13,15 +14,20 @@ bench = importlib.util.module_from_spec(_SPEC)
 sys.modules[_SPEC.name] = bench  # dataclasses look their module up there
 _SPEC.loader.exec_module(bench)
 
-# Two starters of one slot, as HTCondor 25 writes them with STARTER_DEBUG = D_SUB_SECOND (no "(pid:N)").
+# Two starters of one slot, as HTCondor 25 writes them with STARTER_DEBUG = D_SUB_SECOND (no "(pid:N)"): a Lark
+# one (the PREPARE_JOB hook, named by its type, and the job wrapper, which holds the exit barrier: no JOB_EXIT hook)
+# and a plain one.
 STARTER_LOG = """\
 11/23/26 22:59:16.100 ******************************************************
 11/23/26 22:59:16.100 ** condor_starter (CONDOR_STARTER) STARTING UP
+11/23/26 22:59:16.650 File transfer completed successfully.
+11/23/26 22:59:16.700 PREPARE_JOB (/opt/lark/bin/lark-prepare-job) invoked.
+11/23/26 22:59:16.710 Job 131.0 set to execute immediately
 11/23/26 22:59:16.722 Starting a VANILLA universe job with ID: 131.0
 11/23/26 22:59:16.800 Using wrapper /opt/lark/bin/lark-job-wrapper to exec /bin/true
 11/23/26 22:59:16.829 Create_Process succeeded, pid=367106
 11/23/26 22:59:17.476 Process exited, pid=367106, status=0
-11/23/26 22:59:17.500 HOOK_JOB_EXIT (/opt/lark/bin/lark-hook) invoked with reason: "exit"
+11/23/26 22:59:17.600 File transfer completed successfully.
 11/23/26 22:59:20.000 ******************************************************
 11/23/26 22:59:20.000 ** condor_starter (CONDOR_STARTER) STARTING UP
 11/23/26 22:59:20.100 Starting a VANILLA universe job with ID: 132.0
@@ -51,7 +57,7 @@ def test_starter_log_splits_starters_by_banner_and_keeps_wrapper_and_hooks():
     runs = bench.parse_starter_log(STARTER_LOG)
     assert set(runs) == {"131.0", "132.0"}
     lark, plain = runs["131.0"], runs["132.0"]
-    assert lark.wrapper == "/opt/lark/bin/lark-job-wrapper" and lark.hooks == ["HOOK_JOB_EXIT"]
+    assert lark.wrapper == "/opt/lark/bin/lark-job-wrapper" and lark.hooks == ["PREPARE_JOB"]
     assert lark.exited - lark.started == pytest.approx(0.647)
     assert plain.wrapper == "" and plain.hooks == []
 
@@ -82,6 +88,53 @@ def test_measure_start_and_slot_times_and_checks_the_path():
         bench.measure(runs, slots, ["999.0"], want_lark=True)
 
 
+def test_hooks_are_named_without_the_hook_prefix_whatever_the_starter_writes():
+    text = STARTER_LOG.replace(
+        "11/23/26 22:59:17.600 File transfer",
+        "11/23/26 22:59:17.500 HOOK_JOB_EXIT (/opt/lark/bin/lark-hook) invoked with reason: \"exit\"\n"
+        "11/23/26 22:59:17.510 HOOK_UPDATE_JOB_INFO (/usr/local/bin/a hook) invoked.\n"
+        "11/23/26 22:59:17.600 File transfer")
+    assert bench.parse_starter_log(text)["131.0"].hooks == ["PREPARE_JOB", "JOB_EXIT", "UPDATE_JOB_INFO"]
+
+
+def test_the_lark_path_needs_the_wrapper_and_the_prepare_job_hook_and_plain_needs_neither():
+    runs, slots = bench.parse_starter_log(STARTER_LOG), bench.parse_start_log(START_LOG)
+    runs["131.0"].hooks = []                                   # the wrapper without the hook
+    with pytest.raises(RuntimeError, match="131.0.*Lark start path"):
+        bench.measure(runs, slots, ["131.0"], want_lark=True)
+    runs["132.0"].hooks = ["PREPARE_JOB"]                      # a "plain" job that still ran Lark's hook
+    with pytest.raises(RuntimeError, match="132.0.*plain start path"):
+        bench.measure(runs, slots, ["132.0"], want_lark=False)
+
+
+def test_jobs_use_file_transfer_with_the_eps_own_program():
+    sub = bench.SUBMIT.format(n=50)
+    for line in ("executable = /bin/true", "transfer_executable = false", "should_transfer_files = YES",
+                 "when_to_transfer_output = ON_EXIT", "log = job.log", "queue 50"):
+        assert line + "\n" in sub
+    assert "should_transfer_files = NO" not in sub
+
+
+def test_a_half_whose_jobs_restarted_is_named_job_by_job(tmp_path):
+    log = tmp_path / "job.log"
+    log.write_text(
+        "000 (042.000.000) 2026-11-25 17:56:29 Job submitted from host: <10.77.0.2:9618>\n...\n"
+        "000 (042.001.000) 2026-11-25 17:56:29 Job submitted from host: <10.77.0.2:9618>\n...\n"
+        "000 (042.002.000) 2026-11-25 17:56:29 Job submitted from host: <10.77.0.2:9618>\n...\n"
+        "001 (042.000.000) 2026-11-25 17:56:38 Job executing on host: <10.77.0.11:9618?addrs=10.77.0.11-9618>\n"
+        "\tSlotName: slot1@ep1\n...\n"
+        "001 (042.001.000) 2026-11-25 17:56:38 Job executing on host: <10.77.0.12:9618?addrs=10.77.0.12-9618>\n...\n"
+        "004 (042.001.000) 2026-11-25 17:56:39 Job was evicted. Code 1008 Subcode 0\n"
+        "\t(0) CPU times\n\tReason: Job not found at execution machine\n...\n"
+        "001 (042.001.000) 2026-11-25 17:56:48 Job executing on host: <10.77.0.12:9618?addrs=10.77.0.12-9618>\n...\n"
+        "005 (042.000.000) 2026-11-25 17:56:40 Job terminated.\n\t(1) Normal termination (return value 0)\n...\n")
+    assert bench.restarts(log, 42, 3) == [
+        "job 42.1: started 2 times; its event log shows execute, evicted, execute",
+        "job 42.2: its event log shows no start"]
+    assert bench.restarts(log, 42, 1) == []
+    assert issubclass(bench.Restarted, RuntimeError)
+
+
 def test_percentile_nearest_rank():
     values = [float(v) for v in range(1, 101)]
     assert bench.percentile(values, 50) == 50.0
@@ -108,9 +161,9 @@ def test_summary_line_is_the_difference_of_percentiles():
 
 
 def test_breakdown_medians_each_step_from_both_logs():
-    text = STARTER_LOG.replace("11/23/26 22:59:17.500 HOOK_JOB_EXIT",
-                               "11/23/26 22:59:17.900 ** condor_starter (condor_STARTER) pid 1 EXITING WITH STATUS 0\n"
-                               "11/23/26 22:59:17.500 HOOK_JOB_EXIT")
+    text = STARTER_LOG.replace("11/23/26 22:59:17.600 File transfer completed successfully.\n",
+                               "11/23/26 22:59:17.600 File transfer completed successfully.\n"
+                               "11/23/26 22:59:17.900 ** condor_starter (condor_STARTER) pid 1 EXITING WITH STATUS 0\n")
     runs, slots = bench.parse_starter_log(text), bench.parse_start_log(START_LOG)
     steps = bench.breakdown(runs, slots, ["131.0"])
     assert list(steps.values()) == [pytest.approx(100.0), pytest.approx(729.0), pytest.approx(647.0),
