@@ -61,13 +61,14 @@ def test_read_counters_sums_lark_tables_per_job_from_one_dump(monkeypatch):
         calls.append(table)
         return {(1, "j_s1_in"): (1000, 10), (7, "j_s1_in"): (50, 1), (1, "j_s1_out"): (300, 4),
                 (1, "j_s2_out"): (9, 1),
+                (5, "j_s1_out"): (70, 2),          # netdev: frames sent up the uplink for a job of this EP
                 (2, "j_s1_in"): (10 ** 9, 1),      # a same-named `ip` table is not Lark's
                 (1, "other_counter"): (5, 5)}      # not a job counter
     monkeypatch.setattr(nftcounters, "dump", fake_dump)
     fw = NftablesFirewall(Config(nft_table="larkx"))
     got = fw.read_counters()
     assert calls == ["larkx"]
-    assert (got["s1"].bytes_in, got["s1"].packets_in, got["s1"].bytes_out, got["s1"].packets_out) == (1050, 11, 300, 4)
+    assert (got["s1"].bytes_in, got["s1"].packets_in, got["s1"].bytes_out, got["s1"].packets_out) == (1050, 11, 370, 6)
     assert (got["s2"].bytes_in, got["s2"].bytes_out) == (0, 9)
     assert set(got) == {"s1", "s2"}
 

@@ -23,7 +23,10 @@ NLMSG_ERROR, NLMSG_DONE = 2, 3
 NFTA_OBJ_TABLE, NFTA_OBJ_NAME, NFTA_OBJ_TYPE, NFTA_OBJ_DATA = 1, 2, 3, 4
 NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS = 1, 2
 NFT_OBJECT_COUNTER = 1
-LARK_FAMILIES = (1, 7)  # NFPROTO_INET, NFPROTO_BRIDGE: the families of Lark's tables (a same-named ip table is not ours)
+# NFPROTO_INET, NFPROTO_NETDEV, NFPROTO_BRIDGE: the families of Lark's tables (a same-named ip table is not ours).
+# The netdev table holds the `_out` counter of a job's frames sent up the uplink for another job of this EP
+# (same_ep.py): without it the poller missed hairpinned bytes until teardown read them (issue 23 item 11).
+LARK_FAMILIES = (1, 5, 7)
 NLA_TYPE_MASK = 0x3FFF  # without the nested / byte-order flags
 _HDR = struct.Struct("=IHHII")
 _NLA = struct.Struct("=HH")
