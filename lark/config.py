@@ -306,6 +306,14 @@ class Config:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+# Fields whose users read them from the shared Config object each time (the poller, request handling, the
+# policy engine, DHCP renewal, finished-record pruning): on SIGHUP (lark.daemon.reload), assigning them on the
+# live object is enough; the rest need a restart. Here, with the fields, so the knob table can say which is which.
+LIVE_FIELDS = frozenset({
+    "poll_interval", "request_timeout", "callout", "callout_timeout", "starter_paths", "default_bandwidth",
+    "default_network_type", "dhcp_release", "dhcp_renew_interval", "finished_keep",
+    "exit_barrier_wait",
+})
 
 
 def from_mapping(data: dict, path: str = "config") -> Config:
@@ -439,7 +447,6 @@ def field_docs() -> dict[str, str]:
 def knob_table() -> str:
     """The markdown table of every knob with its default, generated from Config (docs/admin.md holds a copy
     that a unit test compares with this, so the two cannot drift)."""
-    from .daemon.reload import LIVE_FIELDS
     docs = field_docs()
     rows = ["| knob | default | live on reconfig | what it does |", "|---|---|---|---|"]
     for f in dataclasses.fields(Config):

@@ -10,6 +10,7 @@ from pathlib import Path
 import classad2
 
 from ..errors import LarkError
+from .wan import WanPlan, parse_groups
 
 POLICY_KINDS = ("drop", "slice", "wan_drop", "wan_steer")
 
@@ -105,7 +106,6 @@ class ControllerConfig:
         if len(set(ports)) != len(ports) or set(ports) & set(self.wan_ports):
             raise bad("ep_ports", f"{self.ep_ports} names a port twice or a WAN port",
                       "give each EP the one switch port its uplink is on, never a port of wan_ports")
-        from .wan import WanPlan
         WanPlan(self.wan_groups, self.wan_unmatched, self.wan_mechanism, self.wan_ports)   # errors name the key
         if not isinstance(self.wan_ovsdb, str) or (self.wan_ovsdb and not self.wan_ovsdb.startswith(
                 ("unix:", "tcp:", "ssl:"))):
@@ -176,7 +176,6 @@ def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
                             obj="controller config", fix="each [[policy]] has name, kind, select (and port)")
         policies.append(Policy(name=p.get("name", f"policy{i + 1}"), kind=p["kind"], select=p["select"],
                                port=p.get("port", ""), slice_by=p.get("slice_by", "Owner")))
-    from .wan import parse_groups
     wan_groups = parse_groups(data.get("wan_group", []))
     return ControllerConfig(**kw, policies=policies, wan_groups=wan_groups).validate()
 

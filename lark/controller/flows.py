@@ -1,13 +1,5 @@
-"""Policy compilation: a job's registration and the admin's policies into flow specs (plain data).
-
-Pipeline (OpenFlow 1.3, four tables; the metadata register carries the source job's tags between them):
-  table 0  SOURCE  per job: tag its packets by MAC (and its own IPv4 source: anti-spoofing), or drop a blocked job
-  table 1  SLICE   per sliced job: only packets tagged with the same slice reach its MAC
-  table 2  WAN     per policy (not per job): tagged IP traffic to a non-site destination is dropped or steered
-  table 3  FORWARD NORMAL switching (issue 12 puts per-group meters in front of it)
-Metadata layout: bits 0-31 slice id (0 = not sliced / not a job), bits 32-39 WAN action (0 none, 1 drop,
-2+i steer out wan_ports[i]); bits 40-55 are left for the accounting-group id of issue 12.
-"""
+"""Policy compilation: a job's registration and the admin's policies into flow specs (plain data), over the
+pipeline of lark.controller.pipeline."""
 from __future__ import annotations
 
 import hashlib
@@ -15,31 +7,12 @@ import ipaddress
 import logging
 from dataclasses import dataclass
 
-import classad2
-
 from .config import ControllerConfig
 from .model import JobReg
+from .pipeline import (ETH_IP, ETH_IP6, SLICE_MASK, T_FORWARD, T_SLICE, T_SOURCE, T_WAN, WAN_DROP, WAN_MASK,
+                       WAN_SHIFT, Flow, job_ad, selected)
 
 log = logging.getLogger(__name__)
-
-T_SOURCE, T_SLICE, T_WAN, T_FORWARD = 0, 1, 2, 3
-SLICE_MASK = 0xFFFFFFFF
-WAN_SHIFT = 32
-WAN_MASK = 0xFF << WAN_SHIFT
-WAN_DROP = 1
-ETH_IP, ETH_IP6 = 0x0800, 0x86DD
-
-
-@dataclass(frozen=True)
-class Flow:
-    table: int
-    priority: int
-    match: tuple            # sorted (field, value) pairs in os-ken OFPMatch names; masked values are (value, mask)
-    action: tuple           # ("drop",) | ("goto", table, metadata, mask) | ("normal",) | ("output", port_name)
-
-    def describe(self) -> str:
-        m = ",".join(f"{k}={v}" for k, v in self.match)
-        return f"table={self.table} priority={self.priority} {m or '*'} -> {' '.join(map(str, self.action))}"
 
 
 @dataclass(frozen=True)
@@ -63,31 +36,9 @@ def wan_port(d: Decision) -> int | None:
     return d.wan_action - 2 if d.wan_action >= 2 else 0
 
 
-def job_ad(job: JobReg) -> classad2.ClassAd:
-    """The job ad the policies see: the attributes larkd forwarded, then the fields it always sends."""
-    ad = classad2.ClassAd()
-    for k, v in job.attrs.items():
-        ad[k] = v
-    ad["Owner"] = job.owner
-    if job.accounting_group:
-        ad["AcctGroup"] = job.accounting_group
-        ad.setdefault("AccountingGroup", job.accounting_group)
-    ad["RequestBandwidth"] = job.request_bandwidth_mbit
-    ad["LarkExecutionPoint"] = job.ep
-    ad["LarkJobId"] = job.job_id
-    return ad
-
-
 def slice_id(name: str) -> int:
     """Stable across controller restarts (old flows on the switch keep meaning the same slice); never 0."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "big") or 1
-
-
-def _selected(expr: classad2.ExprTree, ad: classad2.ClassAd) -> bool:
-    try:
-        return expr.eval(ad) is True   # undefined or error selects nothing
-    except Exception:
-        return False
 
 
 def decide(job: JobReg, cfg: ControllerConfig, exprs: dict | None = None) -> Decision:
@@ -96,7 +47,7 @@ def decide(job: JobReg, cfg: ControllerConfig, exprs: dict | None = None) -> Dec
     ad = job_ad(job)
     blocked, slice_name, wan, wan_policy = "", "", 0, ""
     for p in cfg.policies:
-        if not _selected(exprs[p.name], ad):
+        if not selected(exprs[p.name], ad):
             continue
         if p.kind == "drop" and not blocked:
             blocked = p.name

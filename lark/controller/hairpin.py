@@ -10,8 +10,8 @@ WAN-meter flows (same-EP traffic never leaves the site). Port names are resolved
 from __future__ import annotations
 
 from .config import ControllerConfig
-from .flows import T_FORWARD, Flow
 from .model import JobReg
+from .pipeline import T_FORWARD, Flow
 
 P_HAIRPIN = 200
 MULTICAST = ("01:00:00:00:00:00", "01:00:00:00:00:00")   # the group bit: broadcast and every multicast

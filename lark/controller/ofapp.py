@@ -20,8 +20,10 @@ from . import hairpin
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
 from .registry import Entry, Registry
-from .wan import LIMIT_ACTIONS
-from .wan_of import make_limits
+from .switch import Switch, SwitchError
+from .wan import LIMIT_ACTIONS, WanPlan
+from .wan_of import WanMeters
+from .wan_queue import WanQueues
 
 log = logging.getLogger("lark.controller")
 
@@ -32,26 +34,17 @@ INSTANCE: "LarkSwitchApp | None" = None
 ALL_COOKIES = 0xFFFFFFFFFFFFFFFF
 
 
-class SwitchError(Exception):
-    """A switch did not acknowledge in time or refused a flow."""
-
-
 @dataclass
 class _Waiter:
     done: threading.Event = field(default_factory=threading.Event)
     replies: list = field(default_factory=list)
 
 
-@dataclass
-class Switch:
-    dp: object
-    connected: float = field(default_factory=time.time)
-    ready: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)   # one batch at a time per switch
-
-    @property
-    def ports(self) -> dict[str, int]:
-        return {p.name.decode() if isinstance(p.name, bytes) else p.name: no for no, p in self.dp.ports.items()}
+def make_limits(app: LarkSwitchApp, plan: WanPlan) -> WanMeters | WanQueues:
+    """The app's WAN limits as `[wan] mechanism` says: meters (policing) or queues (shaping)."""
+    if plan.mechanism == "queue":
+        return WanQueues(app, plan)
+    return WanMeters(app, plan)
 
 
 class LarkSwitchApp(app_manager.OSKenApp):

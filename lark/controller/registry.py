@@ -100,6 +100,15 @@ class Registry:
         with self._lock:
             return list(self._jobs.values())
 
+    def wan_limits_needed(self) -> dict[tuple[int, int], int]:
+        """WAN limit (group, port) -> number of registered jobs whose flows name it: what the meters or queues
+        on the switches must provide, whichever the mechanism."""
+        out: dict[tuple[int, int], int] = {}
+        for e in self.entries():
+            for lim in self.wan.limits_in(e.flows):
+                out[lim] = out.get(lim, 0) + 1
+        return out
+
     def cookies(self) -> set[int]:
         with self._lock:
             return {e.cookie for e in self._jobs.values()}

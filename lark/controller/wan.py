@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 import classad2
 
 from ..errors import LarkError
-from .flows import ETH_IP, ETH_IP6, T_FORWARD, T_WAN, Flow, _selected, job_ad
 from .model import JobReg
+from .pipeline import ETH_IP, ETH_IP6, T_FORWARD, T_WAN, Flow, job_ad, selected
 
 log = logging.getLogger("lark.controller.wan")
 
@@ -193,7 +193,7 @@ class WanPlan:
         """Index of the first group whose select is true for the job's ad, else None."""
         ad = job_ad(job)
         for i, e in enumerate(self._exprs):
-            if _selected(e, ad):
+            if selected(e, ad):
                 return i
         return None
 

@@ -6,26 +6,10 @@ from __future__ import annotations
 import logging
 import threading
 
+from .switch import SwitchError
 from .wan import LimitCounters, WanPlan, is_lark_meter, meter_id, meter_limit
 
 log = logging.getLogger("lark.controller.wan")
-
-
-def make_limits(app, plan: WanPlan):
-    """The app's WAN limits as `[wan] mechanism` says: WanMeters or WanQueues."""
-    if plan.mechanism == "queue":
-        from .wan_queue import WanQueues
-        return WanQueues(app, plan)
-    return WanMeters(app, plan)
-
-
-def limits_needed(app) -> dict[tuple[int, int], int]:
-    """(group, port) -> number of registered jobs whose flows name that limit."""
-    out: dict[tuple[int, int], int] = {}
-    for e in app.registry.entries():
-        for lim in app.registry.wan.limits_in(e.flows):
-            out[lim] = out.get(lim, 0) + 1
-    return out
 
 
 class WanMeters:
@@ -91,7 +75,6 @@ class WanMeters:
         failed = [(mid, self.app._errors.pop((dp.id, xid))) for xid, mid in sent.items()
                   if (dp.id, xid) in self.app._errors]
         if failed:
-            from .ofapp import SwitchError
             raise SwitchError(f"switch {dp.id:016x} refused meters " + "; ".join(
                 f"{mid:#x} (group {self._group(mid)}): {e}" for mid, e in failed))
 
@@ -102,7 +85,7 @@ class WanMeters:
 
     # -- life cycle ---------------------------------------------------------------------------------------
     def needed(self) -> set[int]:
-        return {meter_id(g, p) for g, p in limits_needed(self.app)}
+        return {meter_id(g, p) for g, p in self.app.registry.wan_limits_needed()}
 
     def ensure(self, sw, limits: set[tuple[int, int]]) -> None:
         """Create the meters the next flows name, before those flows (a flow naming a missing meter is refused)."""
@@ -164,4 +147,4 @@ class WanMeters:
         self.release(sw, everything=True)
 
     def status(self) -> list[dict]:
-        return self.counters.status(self.plan, limits_needed(self.app))
+        return self.counters.status(self.plan, self.app.registry.wan_limits_needed())

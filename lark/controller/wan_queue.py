@@ -39,7 +39,6 @@ from dataclasses import dataclass, field
 
 from ..errors import LarkError
 from .wan import LimitCounters, WanPlan, queue_id
-from .wan_of import limits_needed
 
 log = logging.getLogger("lark.controller.wan")
 
@@ -512,7 +511,7 @@ class WanQueues:
         with self._lock:
             if self.db is None:
                 return
-            needed = set(limits_needed(self.app))
+            needed = set(self.app.registry.wan_limits_needed())
             have = {k for k in self.lark_queues() if k[0] >= 0}
             unused = sorted((have if everything else have & self.used) - needed)
             self.used.difference_update(unused)
@@ -543,11 +542,11 @@ class WanQueues:
                 self.db.run("re-rating Lark's WAN queues", *[api.db_set("Queue", row.uuid, (
                     "other_config", self._queue_cfg(*lim))) for lim, row in rerate])
                 log.info("re-rated WAN queues %s to the config", ", ".join(self.plan.describe(m) for m, _ in rerate))
-        self.ensure(sw, set(limits_needed(self.app)))
+        self.ensure(sw, set(self.app.registry.wan_limits_needed()))
         self.classify()
 
     def reconcile(self, sw) -> None:
-        self.ensure(sw, set(limits_needed(self.app)))
+        self.ensure(sw, set(self.app.registry.wan_limits_needed()))
         self.classify(everything=True)
         self.release(sw, everything=True)
 
@@ -565,4 +564,4 @@ class WanQueues:
                     self.counters.update(dp.id, (g, self.plan.wan_ports.index(name)), q.tx_bytes)
 
     def status(self) -> list[dict]:
-        return self.counters.status(self.plan, limits_needed(self.app))
+        return self.counters.status(self.plan, self.app.registry.wan_limits_needed())

@@ -10,16 +10,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import Collector
 
 from ..errors import LarkError
-
-if TYPE_CHECKING:
-    from .server import Larkd
+from ..kernel.accounting import Accountant
+from ..kernel.ipam import LockPool
+from .records import RecordStore
 
 log = logging.getLogger(__name__)
 # Setup is ~5-50 ms without DHCP, seconds with a cold DHCP server; teardown tens of ms.
@@ -29,14 +29,15 @@ REASONS = ("policy", "setup", "teardown", "refused", "internal")
 
 
 class LarkdCollector(Collector):
-    """Per-slot and node series, read from larkd's records and accountant at each scrape."""
+    """Per-slot and node series, read from larkd's records, accountant and address pools at each scrape."""
 
-    def __init__(self, larkd: "Larkd"):
-        self.larkd = larkd
+    def __init__(self, records: RecordStore, acct: Accountant, pools: Sequence[LockPool]):
+        self.records = records
+        self.acct = acct
+        self.pools = pools
 
     def collect(self) -> Iterator:
-        d = self.larkd
-        recs = [r for r in d.records.all() if r.phase == "ready"]
+        recs = [r for r in self.records.all() if r.phase == "ready"]
         bytes_ = CounterMetricFamily("lark_job_bytes", "IP bytes the slot's current job moved (in = toward the job)",
                                      labels=["slot", "direction"])
         packets = CounterMetricFamily("lark_job_packets", "Packets the slot's current job moved",
@@ -48,7 +49,7 @@ class LarkdCollector(Collector):
         info = InfoMetricFamily("lark_job", "The job running in a slot (present only while it runs)",
                                 labels=["slot"])
         for rec in recs:
-            u = d.acct.summary(rec.key) or {}
+            u = self.acct.summary(rec.key) or {}
             for direction in ("in", "out"):
                 bytes_.add_metric([rec.slot, direction], u.get(f"bytes_{direction}", 0))
                 packets.add_metric([rec.slot, direction], u.get(f"packets_{direction}", 0))
@@ -61,7 +62,7 @@ class LarkdCollector(Collector):
         yield GaugeMetricFamily("lark_active_jobs", "Jobs with a network right now", value=len(recs))
         free = GaugeMetricFamily("lark_pool_free", "Free entries in each address or port pool", labels=["pool"])
         size = GaugeMetricFamily("lark_pool_size", "Entries in each address or port pool", labels=["pool"])
-        for pool in d.net.pools:
+        for pool in self.pools:
             used = sum(1 for _ in pool.entries())
             name = os.path.basename(pool.dir.rstrip("/"))
             free.add_metric([name], pool.size - used)
@@ -72,7 +73,7 @@ class LarkdCollector(Collector):
 class Metrics:
     """Setup/teardown latency and failure counts (kept by larkd's hooks) plus the scrape-time collector."""
 
-    def __init__(self, larkd: "Larkd"):
+    def __init__(self, records: RecordStore, acct: Accountant, pools: Sequence[LockPool]):
         self.registry = CollectorRegistry()
         self.setup_seconds = Histogram("lark_setup_seconds", "Time to build a job's network",
                                        ["network_type"], buckets=LATENCY_BUCKETS, registry=self.registry)
@@ -82,7 +83,7 @@ class Metrics:
                                 registry=self.registry)
         for r in REASONS:
             self.failures.labels(r)   # every reason present from the start, so rate() sees the first one
-        self.registry.register(LarkdCollector(larkd))
+        self.registry.register(LarkdCollector(records, acct, pools))
         self.server = None
 
     def serve(self, address: str) -> None:
@@ -104,13 +105,13 @@ class Metrics:
         self.failures.labels(reason if reason in REASONS else "internal").inc()
 
 
-def node_totals(larkd: "Larkd", machine_mbit: float | None) -> dict:
+def node_totals(records: RecordStore, acct: Accountant, machine_mbit: float | None) -> dict:
     """What the machine ad shows: sums over running jobs only, nothing that names or singles out a job."""
-    recs = [r for r in larkd.records.all() if r.phase == "ready"]
+    recs = [r for r in records.all() if r.phase == "ready"]
     b_in = b_out = 0
     limits = 0.0
     for rec in recs:
-        u = larkd.acct.summary(rec.key) or {}
+        u = acct.summary(rec.key) or {}
         b_in += int(u.get("bytes_in", 0))
         b_out += int(u.get("bytes_out", 0))
         # Reservations only: a fair-share job's limit is what reservations leave, and it shrinks for the next

@@ -9,17 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ..config import Config, knob_name, load
+from ..config import LIVE_FIELDS, Config, knob_name, load
 
 log = logging.getLogger(__name__)
-
-# Fields whose users read them from the shared Config object each time (the poller, request handling, the
-# policy engine, DHCP renewal, finished-record pruning): assigning them on the live object is enough.
-LIVE_FIELDS = frozenset({
-    "poll_interval", "request_timeout", "callout", "callout_timeout", "starter_paths", "default_bandwidth",
-    "default_network_type", "dhcp_release", "dhcp_renew_interval", "finished_keep",
-    "exit_barrier_wait",
-})
 
 
 def apply(cfg: Config, new: Config) -> tuple[list[str], list[str]]:

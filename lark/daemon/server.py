@@ -72,7 +72,7 @@ class Larkd:
         self.log_limit = LogLimit()
         self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.metrics = Metrics(self)
+        self.metrics = Metrics(self.records, self.acct, self.net.pools)   # pools are fixed at start
         self.uplink_mbit: float | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -364,7 +364,7 @@ class Larkd:
             return await self.op_push(who, barrier=msg.get("barrier") is True)
         if op == "totals":
             # Anyone may ask (the startd's cron runs as the condor user): node-wide sums only, no job named.
-            return protocol.ok(**node_totals(self, self.uplink_mbit))
+            return protocol.ok(**node_totals(self.records, self.acct, self.uplink_mbit))
         if who.uid != 0:
             raise LarkError(f"operation {op} is for root only", obj=f"pid {who.pid} uid {who.uid}")
         if op == "status":

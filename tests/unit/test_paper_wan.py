@@ -40,11 +40,11 @@ def test_mechanism_key_is_written_when_asked():
 
 def test_cms_group_selects_the_submit_files_accounting_group():
     import classad2
-    from lark.controller.flows import _selected
+    from lark.controller.pipeline import selected
     data = tomllib.loads(bench.wan_policies({"cms": 250, "other": 100}, None))
     cms = classad2.ExprTree(data["wan_group"][0]["select"])
-    assert _selected(cms, classad2.ClassAd({"AcctGroup": "cms", "AccountingGroup": "cms.alice"}))
-    assert not _selected(cms, classad2.ClassAd({"Owner": "bob"}))
+    assert selected(cms, classad2.ClassAd({"AcctGroup": "cms", "AccountingGroup": "cms.alice"}))
+    assert not selected(cms, classad2.ClassAd({"Owner": "bob"}))
 
 
 SAMPLES = [(100.0, {"a": 0}), (100.5, {"a": 0, "b": 0}), (101.0, {"a": 12_500_000, "b": 1_250_000}),
