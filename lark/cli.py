@@ -93,7 +93,10 @@ def cmd_policy_explain(args) -> int:
     cfg = load(args.config) if args.config else Config()
     if args.callout is not None:
         cfg.callout = args.callout
-    plan = decide(read_ad(args.job), read_ad(args.machine), cfg, args.slot, job_key(args.slot))
+    from .daemon.metrics import machine_mbit
+    # The uplink's speed as larkd reads it at start: the fair share's capacity when nothing else gives one.
+    plan = decide(read_ad(args.job), read_ad(args.machine), cfg, args.slot, job_key(args.slot),
+                  uplink_mbit=machine_mbit(cfg))
     fields = ["network_type", "inbound", "outbound", "accounting", "ip_protocol", "address_type",
               "request_bandwidth_mbit", "rate_limit_mbit", "vlan"]
     sources = {"ip_protocol": "ip_protocol", "vlan": "vlan"}

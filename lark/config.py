@@ -77,7 +77,9 @@ class Config:
     # an established flow), "any" leaves it, "auto" drops it only when Lark itself turned ip_forward on.
     forward_policy: str = "auto"
     default_network_type: str = "nat"   # when the machine policy sets no NetworkType
-    bandwidth_mbit: int = 0             # used by detect-bandwidth when the uplink reports no speed
+    # The uplink's capacity (Mbit/s) when it reports no speed (virtual NICs): used by detect-bandwidth, and by
+    # "fair" for slots without a Bandwidth inventory (before the link speed); 0 = none.
+    bandwidth_mbit: int = 0
     # Limit for jobs whose slot was allocated no Bandwidth: "fair" (an equal share of what the running
     # reserved jobs leave of the link, so the sum of limits never exceeds it), "unlimited", "share" (the
     # machine's bandwidth times the slot's share of its cpus), or a number of Mbit/s.

@@ -7,12 +7,13 @@ Every probe goes through a `Runner` (argv -> (exit code, stdout)) so the detecti
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .config import Config
 from .names import HOST_IF_PREFIX
@@ -205,9 +206,54 @@ def file_transfer(run: Runner) -> Finding:
                    "job's network (jobs with URL inputs or outputs then fail)" if url else "")
 
 
+def uplink_speed(ifname: str) -> int | None:
+    """The uplink's negotiated speed, None when the driver reports none or there is no such interface."""
+    from .errors import LarkError
+    from .kernel.linkspeed import link_speed_mbit
+    try:
+        return link_speed_mbit(ifname)
+    except (LarkError, OSError):
+        return None
+
+
+def bandwidth_capacity(cfg: Config, speed_of: Callable[[str], int | None] = uplink_speed) -> Finding:
+    """What the fair share of jobs without a reservation divides when their slot ad has no Bandwidth inventory
+    (lark/policy/engine.py, in the same order): bandwidth_mbit, else the uplink's link speed."""
+    if cfg.default_bandwidth != "fair":
+        return Finding("bandwidth", f"default_bandwidth = {cfg.default_bandwidth}", True,
+                       "jobs without a reservation run unlimited, as configured" if cfg.default_bandwidth ==
+                       "unlimited" else "jobs without a reservation get this limit")
+    if cfg.bandwidth_mbit > 0:
+        return Finding("bandwidth", f"bandwidth_mbit = {cfg.bandwidth_mbit}", True,
+                       "jobs without a reservation share it (or the slot ad's Bandwidth inventory)")
+    speed = speed_of(cfg.uplink)
+    if speed:
+        return Finding("bandwidth", f"uplink {cfg.uplink} at {speed} Mbit/s", True,
+                       "jobs without a reservation share it (or the slot ad's Bandwidth inventory)")
+    return Finding("bandwidth", f"no capacity known (uplink {cfg.uplink} reports no speed, bandwidth_mbit unset)",
+                   False, "a job without request_bandwidth on a slot without a Bandwidth inventory is held "
+                   "(never run unlimited unless configured)",
+                   "set LARK_BANDWIDTH_MBIT to the uplink's capacity in Mbit/s (detect-bandwidth then reports it "
+                   "to MACHINE_RESOURCE_INVENTORY_Bandwidth too), or LARK_DEFAULT_BANDWIDTH = unlimited")
+
+
+def process_identity(fallback: Callable[[], str] | None = None, kernel: str | None = None) -> Finding:
+    """How larkd tells a requesting process from a later one with the same pid (docs/design.md, threat model)."""
+    from .daemon.peercred import identity_fallback
+    used = (fallback or identity_fallback)()
+    kernel = kernel or os.uname().release
+    if not used:
+        return Finding("identity", f"SO_PEERPIDFD available (kernel {kernel})", True,
+                       "larkd holds a pidfd of each requesting process and checks it before acting on its job; "
+                       "starters are pinned by their start time")
+    return Finding("identity", f"no SO_PEERPIDFD (kernel {kernel}; it needs Linux 6.5)", True,
+                   f"fallback: {used} before every request acts on a job; starters are pinned the same way. "
+                   "A pid reused between connect and accept is not caught (it takes a pid wrap-around)")
+
+
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
     return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), ptrace_scope(),
-            net_namespaces(), job_exit_hook(run), file_transfer(run)]
+            net_namespaces(), job_exit_hook(run), file_transfer(run), bandwidth_capacity(cfg), process_identity()]
 
 
 def report(findings: list[Finding]) -> tuple[str, int]:

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 
 from ..errors import LarkError
 
-
 NS_GET_USERNS = 0xB701   # _IO(0xb7, 0x1): the user namespace that owns a namespace, as a new fd
 SO_PEERPIDFD = 77        # Linux >= 6.5: a pidfd for the process that connected (not in Python 3.11's socket)
 
@@ -23,6 +22,10 @@ class Peer:
     # A pidfd for the connecting process, taken by the kernel at connect time: everything read about `pid`
     # from /proc is trusted only if this pidfd still names a live process afterwards (pid reuse).
     pidfd: int | None = field(default=None, compare=False)
+    # The process's start time (/proc/<pid>/stat, clock ticks since boot), read as the connection is accepted:
+    # the identity on kernels without SO_PEERPIDFD (< 6.5), where a process reusing the pid has another start
+    # time. peer_of always sets it (-1 when the process was already gone, which no process matches).
+    start: int | None = None
 
     def close(self) -> None:
         if self.pidfd is not None:
@@ -42,7 +45,12 @@ class StarterInfo:
 def peer_of(sock: socket.socket) -> Peer:
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, uid, gid = struct.unpack("3i", raw)
-    return Peer(pid, uid, gid, peer_pidfd(sock))
+    pidfd = peer_pidfd(sock)
+    try:
+        start = start_time(pid)
+    except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
+        start = -1   # gone already: still_same_process refuses it
+    return Peer(pid, uid, gid, pidfd, start)
 
 
 def peer_pidfd(sock: socket.socket) -> int | None:
@@ -68,12 +76,30 @@ def signal_pidfd(pidfd: int, sig: int) -> None:
     signal.pidfd_send_signal(pidfd, sig)
 
 
+def identity_fallback() -> str:
+    """How larkd tells the requesting process from one that reuses its pid, on this kernel (`lark doctor`)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        pidfd = peer_pidfd(a)
+    finally:
+        a.close()
+        b.close()
+    if pidfd is not None:
+        os.close(pidfd)
+        return ""
+    return "process start time (/proc/<pid>/stat), read when the connection is accepted and compared again"
+
+
 def still_same_process(peer: Peer) -> None:
     """Refuse if the peer exited after connecting: its pid may now be another process, so what /proc said
-    about that pid cannot be attributed to the peer."""
-    if peer.pidfd is not None and not pidfd_alive(peer.pidfd):
-        raise LarkError("requesting process exited while its request was checked", obj=f"pid {peer.pid}",
-                        fix="a job's wrapper must wait for larkd's answer")
+    about that pid cannot be attributed to the peer. The pidfd where the kernel gave one; the start time
+    captured at connect on every kernel (the only check on kernels without SO_PEERPIDFD)."""
+    gone = peer.pidfd is not None and not pidfd_alive(peer.pidfd)
+    if not gone and peer.start is not None and not alive(peer.pid, peer.start):
+        gone = True
+    if gone:
+        raise LarkError("requesting process exited while its request was checked (its pid may now name "
+                        "another process)", obj=f"pid {peer.pid}", fix="a job's wrapper must wait for larkd's answer")
 
 
 def own_userns_inode() -> int:
@@ -138,13 +164,21 @@ def alive(pid: int, start: int) -> bool:
 
 
 def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> StarterInfo | None:
-    """The nearest root-owned ancestor whose executable is a configured starter.
+    """The nearest root-owned ancestor whose executable is a configured starter, pinned by its start time.
 
     /proc/<pid>/exe is set by the kernel at exec time and cannot be forged by the job; uid 0 means the job's
-    user could not have started it.
+    user could not have started it. Pid reuse along the walk: an ancestor started no later than its
+    descendant, while a process that took a dead ancestor's pid started after it died, so after everything
+    below it began; and the starter's start time is read before and after its exe, uid and command line, so
+    all of them are about one process. The caller checks that `pid` itself is still its requester
+    (still_same_process) after this returns.
     """
     wanted = {os.path.realpath(p) for p in starter_paths}
     cur = pid
+    try:
+        below = start_time(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
     for _ in range(max_depth):
         try:
             cur = parent_of(cur)
@@ -152,6 +186,15 @@ def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> Sta
             return None
         if cur <= 1:
             return None
+        try:
+            started = start_time(cur)
+        except (FileNotFoundError, ProcessLookupError):
+            return None   # it exited: its child is being reparented, so this walk says nothing
+        if started > below:
+            raise LarkError("the process tree changed while it was read: an ancestor's pid now names a "
+                            "process younger than its child (pid reuse)", obj=f"pid {pid}, ancestor pid {cur}",
+                            fix="none for the admin; a job must not outlive its starter")
+        below = started
         try:
             exe = os.readlink(f"/proc/{cur}/exe")
             uid = real_uid(cur)
@@ -163,8 +206,19 @@ def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> Sta
             if not slot:
                 raise LarkError("starter command line has no -a <slot>", obj=f"starter pid {cur}",
                                 fix="check STARTER in the HTCondor configuration")
-            return StarterInfo(cur, start_time(cur), slot, exe, argv)
+            if not alive(cur, started):
+                raise LarkError("the starter exited while it was read (its pid may now name another process)",
+                                obj=f"pid {pid}, starter pid {cur}", fix="none for the admin: the job is ending")
+            return StarterInfo(cur, started, slot, exe, argv)
     return None
+
+
+def starter_of(peer: Peer, starter_paths: list[str]) -> StarterInfo | None:
+    """The starter whose job `peer` is (None: not a job's process), for a request that acts on that job: the
+    walk is about the peer only if the peer is still the process that connected, checked after it."""
+    starter = find_starter(peer.pid, starter_paths)
+    still_same_process(peer)
+    return starter
 
 
 def authorize_job(peer: Peer, starter_paths: list[str], daemon_netns: int,

@@ -325,7 +325,7 @@ class Larkd:
         if who.uid == 0:
             return None
         try:
-            starter = peercred.find_starter(who.pid, self.cfg.starter_paths)
+            starter = peercred.starter_of(who, self.cfg.starter_paths)   # not another job's bucket by pid reuse
         except (LarkError, OSError, ValueError):
             return None
         return starter.pid if starter else None
@@ -345,13 +345,14 @@ class Larkd:
                 raise LarkError("release is for root only: a job's network lasts until its starter exits",
                                 obj=f"pid {who.pid} uid {who.uid}",
                                 fix="end the job; larkd tears its network down when the starter exits")
+            peercred.still_same_process(who)
             key = job_key(str(msg.get("slot", "")))
             pin = self._pin(key)
             running = pin is not None and peercred.alive(pin.starter_pid, pin.starter_start)
             summary = await self.release(key, "released on request", final=not running)
             return protocol.ok(summary=summary)
         if op == "stats":
-            starter = peercred.find_starter(who.pid, self.cfg.starter_paths)
+            starter = peercred.starter_of(who, self.cfg.starter_paths)
             if starter is None and who.uid != 0:
                 raise LarkError("only processes of a job (or root) may ask about a job",
                                 obj=f"pid {who.pid} uid {who.uid}")
@@ -381,7 +382,7 @@ class Larkd:
         starter waits for the wrapper, so the job is still in the queue and its history gets these figures. The
         wrapper only asks: it carries no figure, so a job that tampers with it can at most skip the barrier
         (the periodic and the final push still happen)."""
-        starter = peercred.find_starter(who.pid, self.cfg.starter_paths)
+        starter = peercred.starter_of(who, self.cfg.starter_paths)
         if starter is None:
             raise LarkError("only a job's own processes may ask larkd to push its figures",
                             obj=f"pid {who.pid} uid {who.uid}",
@@ -508,7 +509,7 @@ class Larkd:
     async def op_check(self, who: peercred.Peer) -> bytes:
         """Decide the plan without building anything: the PREPARE_JOB hook's pre-flight, run before the job
         exists, so a policy error puts the job on hold instead of letting it start."""
-        starter = peercred.find_starter(who.pid, self.cfg.starter_paths)
+        starter = peercred.starter_of(who, self.cfg.starter_paths)
         if starter is None:
             raise LarkError("only a job's starter hooks may ask for a pre-flight check",
                             obj=f"pid {who.pid} uid {who.uid}")
@@ -557,7 +558,7 @@ class Larkd:
             if len(self.global_ids) > 4096:  # checks whose setup never came; starters are few at a time
                 self.global_ids.clear()
             self.global_ids[(starter.pid, starter.start)] = gid
-        return decide(job_ad, machine_ad, self.cfg, starter.slot, key)
+        return decide(job_ad, machine_ad, self.cfg, starter.slot, key, uplink_mbit=self.uplink_mbit)
 
     def reload_config(self) -> None:
         """SIGHUP (condor_reconfig): apply the knobs that can change live; a bad configuration changes nothing."""

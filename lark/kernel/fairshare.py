@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from pyroute2 import IPRoute
 
@@ -95,8 +96,8 @@ class FairShare:
         """Give every running fair-share job its share; returns the rates that changed (key -> Mbit/s).
 
         Call with `self.lock` held, with the set of jobs that will be on the link once the caller's change is
-        done; `skip` is the job being set up (counted, but its limit goes in with its qdiscs). A job that fails to change (e.g. it is going away) is logged and skipped: its neighbours still
-        get their new rates."""
+        done; `skip` is the job being set up (counted, but its limit goes in with its qdiscs). A job that fails to
+        change (e.g. it is going away) is logged and skipped: its neighbours still get their new rates."""
         changed: dict[str, float] = {}
         target = shares(running, self.floor)
         # Lower first, then raise: at no moment does the sum exceed what it was or what it will be.

@@ -7,8 +7,9 @@ the result is one NetworkPlan, and `decided_by` says which attribute or expressi
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import classad2
 
@@ -77,7 +78,7 @@ def evaluate(my: classad2.ClassAd, target: classad2.ClassAd, attr: str) -> tuple
 
 class _Decider:
     def __init__(self, job: classad2.ClassAd, machine: classad2.ClassAd, job_id: str,
-                 overridden: set[str] = frozenset(), callout: str = ""):
+                 overridden: set[str] | frozenset[str] = frozenset(), callout: str = ""):
         self.job, self.machine, self.job_id = job, machine, job_id
         self.overridden, self.callout = overridden, callout
         self.decided_by: dict[str, str] = {}
@@ -181,7 +182,7 @@ def _string_or_empty(ad: classad2.ClassAd, attr: str) -> str:
     return v if isinstance(v, str) else ""
 
 
-def _rate_limit(d: "_Decider", cfg: Config) -> float | None:
+def _rate_limit(d: _Decider, cfg: Config, uplink_mbit: float | None) -> float | None:
     """The job's limit comes from what the startd allocated to its slot, never from what the job asked:
     matchmaking already checked the request against the machine, and the slot ad is not the user's to edit."""
     allocated = d.machine_attr("Bandwidth", None, as_number, "rate_limit_mbit")
@@ -190,7 +191,7 @@ def _rate_limit(d: "_Decider", cfg: Config) -> float | None:
         return allocated
     policy = cfg.default_bandwidth
     if policy == "fair":
-        return _fair_share(d, cfg)
+        return _fair_share(d, cfg, uplink_mbit)
     if policy == "unlimited":
         d.decided_by["rate_limit_mbit"] = "no Bandwidth allocated; default_bandwidth = unlimited"
         return None
@@ -213,26 +214,36 @@ def _rate_limit(d: "_Decider", cfg: Config) -> float | None:
     return float(policy)
 
 
-def _fair_share(d: "_Decider", cfg: Config) -> float | None:
+def _fair_share(d: _Decider, cfg: Config, uplink_mbit: float | None) -> float | None:
     """No limit yet: larkd gives the job its share of what reserved jobs leave (lark/kernel/fairshare.py).
 
-    Without a Bandwidth inventory (no TotalBandwidth, DetectedBandwidth or bandwidth_mbit) no slot can hold a
-    reservation either, so there is nothing to protect and the job runs unlimited."""
+    The link's capacity: the slot ad's Bandwidth inventory, else the configured bandwidth_mbit, else the uplink's
+    link speed larkd detected. A slot without an inventory (virtual NICs, where detection fails) still shares
+    the link; with no figure at all the job is refused rather than run unlimited, which only the admin may
+    choose (default_bandwidth = unlimited)."""
     capacity = d.machine_attr("TotalBandwidth", None, as_number, "_capacity") or \
-        d.machine_attr("DetectedBandwidth", None, as_number, "_capacity") or cfg.bandwidth_mbit or None
-    d.decided_by.pop("_capacity", None)
+        d.machine_attr("DetectedBandwidth", None, as_number, "_capacity")
+    source = d.decided_by.pop("_capacity", "")
+    if not capacity and cfg.bandwidth_mbit > 0:
+        capacity, source = float(cfg.bandwidth_mbit), f"bandwidth_mbit = {cfg.bandwidth_mbit}"
+    if not capacity and uplink_mbit:
+        capacity, source = uplink_mbit, f"uplink {cfg.uplink}'s link speed"
     if not capacity:
-        d.decided_by["rate_limit_mbit"] = ("no Bandwidth allocated; default_bandwidth = fair, but the machine has "
-                                           "no Bandwidth inventory (nothing reserved): unlimited")
-        return None
+        raise LarkError("default_bandwidth = fair, but no capacity is known to share: the slot ad has no "
+                        "Bandwidth inventory, bandwidth_mbit is not set and the uplink reports no link speed",
+                        job=d.job_id, obj=f"uplink {cfg.uplink}",
+                        fix="set LARK_BANDWIDTH_MBIT to the uplink's capacity in Mbit/s, or LARK_DEFAULT_BANDWIDTH "
+                            "= unlimited to run jobs without a reservation unlimited")
     d.fair_capacity = float(capacity)
     d.decided_by["rate_limit_mbit"] = (f"no Bandwidth allocated; default_bandwidth = fair: an equal share of what "
-                                       f"reserved jobs leave of {capacity:g}, set when the job starts")
+                                       f"reserved jobs leave of {capacity:g} ({source}), set when the job starts")
     return None
 
 
-def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: str, key: str) -> NetworkPlan:
-    """Evaluate the policy; with `cfg.callout` set, its output overrides machine attributes first."""
+def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: str, key: str,
+           uplink_mbit: float | None = None) -> NetworkPlan:
+    """Evaluate the policy; with `cfg.callout` set, its output overrides machine attributes first.
+    `uplink_mbit`: the uplink's detected link speed, the fair share's last resort for the link's capacity."""
     job_id = job_id_of(job)
     explicit = {a.name for a in JOB_ATTRS if a.name in job}
     job = with_job_defaults(job)
@@ -283,7 +294,7 @@ def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: 
         raise LarkError(f"VLAN {vlan!r} is a name, not an id", job=job_id, obj="VLAN",
                         fix="configure a callout that maps VLAN names to ids (callouts/vlan_by_name.py)")
 
-    rate_limit = _rate_limit(d, cfg) if network_type != "none" else None
+    rate_limit = _rate_limit(d, cfg, uplink_mbit) if network_type != "none" else None
     fair_capacity = d.fair_capacity if network_type != "none" else None
 
     return NetworkPlan(

@@ -56,12 +56,21 @@ def test_job_cannot_remove_its_limit(host):
     assert r["rc"] != 0 and ("Operation not permitted" in r["stderr"] or "RTNETLINK" in r["stderr"]), r
 
 
-def test_no_allocation_is_unlimited_by_default(host):
+VETH_MBIT = 10_000   # the speed the kernel's veth driver reports (the fake host's uplink up0 is a veth)
+
+
+@pytest.mark.parametrize("policy,expect_mbit", [("fair", VETH_MBIT), ("unlimited", None)])
+def test_no_allocation_and_no_inventory_shares_the_uplinks_speed_unless_unlimited_is_set(
+        fakehost_factory, policy, expect_mbit):
+    """Issue 23 item 13: a slot with no Bandwidth inventory (nor bandwidth_mbit) used to run its job unlimited;
+    it now gets its fair share of the uplink's link speed, and runs unlimited only when the admin says so."""
+    host = fakehost_factory(default_bandwidth=policy)
     host.publish_ad("slot3", "ClusterId = 23\nProcId = 0", "Bandwidth = 0")
     p = host.spawn_job("slot3", ["listen", "9000", "3"], job_ad="ClusterId = 23\nProcId = 0")
     netns, host_if = job_netns(host, "slot3")
-    assert htb_rate_bit(host, host.in_host([]), host_if) is None
-    assert htb_rate_bit(host, ["ip", "netns", "exec", netns], "eth0") is None
+    expect_bit = expect_mbit * MB if expect_mbit else None
+    assert htb_rate_bit(host, host.in_host([]), host_if) == expect_bit, host.larkd_log()
+    assert htb_rate_bit(host, ["ip", "netns", "exec", netns], "eth0") == expect_bit
     p.communicate(timeout=30)
 
 

@@ -28,7 +28,7 @@ def script(tmp_path, body):
 
 
 def run(job, machine="", callout="", timeout=5.0):
-    cfg = Config(callout=callout, callout_timeout=timeout)
+    cfg = Config(callout=callout, callout_timeout=timeout, bandwidth_mbit=1000)
     return decide(parse_ad(job, "job"), parse_ad(machine, "machine"), cfg, "slot1", "slot1")
 
 
@@ -72,7 +72,7 @@ def test_explain_cli_reads_condor_q_output_and_new_format(tmp_path):
     job.write_text('ClusterId = 3\nProcId = 0\nInboundConnectivity = true\nOutboundConnectivity = true\n\n'
                    'ClusterId = 4\nProcId = 0\n')
     machine = tmp_path / "machine.ad"
-    machine.write_text("[ " + (ROOT / "policies/network_type_by_connectivity.ad").read_text()
+    machine.write_text("[ TotalBandwidth = 1000; " + (ROOT / "policies/network_type_by_connectivity.ad").read_text()
                        .split("\n")[-2] + " ]")
     cp = subprocess.run([sys.executable, "-m", "lark.cli", "policy", "explain", "--job", str(job), "--machine",
                          str(machine), "--json"], capture_output=True, text=True, cwd=ROOT)
@@ -113,8 +113,9 @@ def test_ip_protocol_requirements():
 
 def test_shipped_network_type_policy_and_accounting():
     machine = pol("network_type_by_connectivity.ad")
-    assert decide(pol("accounting_optional_job.ad"), machine, Config(), "slot1", "slot1").network_type == "nat"
-    assert decide(pol("accounting_optional_job.ad"), machine, Config(), "slot1", "slot1").accounting is True
+    cfg = Config(bandwidth_mbit=1000)
+    assert decide(pol("accounting_optional_job.ad"), machine, cfg, "slot1", "slot1").network_type == "nat"
+    assert decide(pol("accounting_optional_job.ad"), machine, cfg, "slot1", "slot1").accounting is True
 
 
 # -- property-based: random and hostile ads never crash, always a valid plan or a clear LarkError ----------
@@ -153,7 +154,7 @@ def test_random_ads_give_valid_plan_or_clear_error(job_attrs, machine_attrs):
         assert e.obj in ("job", "machine") and e.fix  # an ad that does not parse: named, with a fix
         return
     try:
-        p = decide(job, machine, Config(), "slot1", "slot1")
+        p = decide(job, machine, Config(bandwidth_mbit=1000), "slot1", "slot1")
     except LarkError as e:
         # A refusal names the job, the attribute it refused (on which side), and a fix.
         assert e.job and e.fix, str(e)

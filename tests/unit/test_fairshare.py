@@ -26,10 +26,33 @@ def test_fair_is_the_default_and_reads_the_machine_capacity():
     assert plan("", bandwidth_mbit=250).fair_share_capacity_mbit == 250
 
 
-def test_fair_without_any_inventory_is_unlimited_and_says_why():
-    p = plan("Bandwidth = 0")
+def test_without_an_inventory_the_configured_capacity_comes_before_the_link_speed():
+    """Issue 23 item 13: a slot with no Bandwidth inventory (a virtual NIC) still shares the link."""
+    knob = decide(parse_ad("ClusterId = 3\nProcId = 1", "job"), parse_ad("Bandwidth = 0", "machine"),
+                  Config(bandwidth_mbit=250).validate(), "slot1_1", "slot1_1", uplink_mbit=10_000)
+    assert knob.fair_share_capacity_mbit == 250 and "bandwidth_mbit = 250" in knob.decided_by["rate_limit_mbit"]
+    speed = decide(parse_ad("ClusterId = 3\nProcId = 1", "job"), parse_ad("Bandwidth = 0", "machine"),
+                   Config(uplink="ens3").validate(), "slot1_1", "slot1_1", uplink_mbit=10_000)
+    assert speed.rate_limit_mbit is None and speed.fair_share_capacity_mbit == 10_000
+    assert "uplink ens3's link speed" in speed.decided_by["rate_limit_mbit"]
+    # The slot's inventory, where there is one, is the figure reservations were made against.
+    assert decide(parse_ad("ClusterId = 3\nProcId = 1", "job"), parse_ad("TotalBandwidth = 400", "machine"),
+                  Config(bandwidth_mbit=250).validate(), "slot1_1", "slot1_1",
+                  uplink_mbit=10_000).fair_share_capacity_mbit == 400
+
+
+def test_without_any_capacity_an_unreserved_job_is_refused_not_run_unlimited():
+    with pytest.raises(LarkError, match="no capacity is known") as e:
+        plan("Bandwidth = 0")
+    assert e.value.job == "3.1" and "LARK_BANDWIDTH_MBIT" in e.value.fix and "unlimited" in e.value.fix
+    # Unlimited only when the admin says so.
+    p = plan("Bandwidth = 0", default_bandwidth="unlimited")
     assert p.rate_limit_mbit is None and p.fair_share_capacity_mbit is None
-    assert "no Bandwidth inventory" in p.decided_by["rate_limit_mbit"]
+    assert "default_bandwidth = unlimited" in p.decided_by["rate_limit_mbit"]
+    # A job with no network needs no capacity.
+    none = decide(parse_ad("ClusterId = 3\nProcId = 1\nInboundConnectivity = false\nOutboundConnectivity = false",
+                           "job"), parse_ad("", "machine"), Config().validate(), "slot1_1", "slot1_1")
+    assert none.network_type == "none"
 
 
 def test_reserved_jobs_keep_their_allocation():

@@ -11,7 +11,8 @@ PAPER_NETWORK_TYPE = ('NetworkType = ifThenElse(TARGET.OutboundConnectivity, '
 
 
 def plan(job, machine=""):
-    return decide(parse_ad(job, "job"), parse_ad(machine, "machine"), Config(), "slot1", "slot1")
+    # bandwidth_mbit: a link capacity for the fair share of jobs without a reservation (else they are refused)
+    return decide(parse_ad(job, "job"), parse_ad(machine, "machine"), Config(bandwidth_mbit=1000), "slot1", "slot1")
 
 
 def test_defaults_give_nat_with_outbound_only():

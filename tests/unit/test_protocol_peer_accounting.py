@@ -1,9 +1,7 @@
 import os
-import shutil
-import signal
-import subprocess
 
 import pytest
+from helpers.proctree import starter_with_job
 
 from lark import protocol
 from lark.kernel.accounting import JobUsage
@@ -37,23 +35,12 @@ def test_find_starter_walks_to_root_owned_ancestor(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("the starter must be root-owned")
     # A real process tree: a "starter" (a copy of sh, so /proc/PID/exe names it) whose child is the "job".
-    fake_starter = tmp_path / "condor_starter"
-    shutil.copy("/bin/sh", fake_starter)
-    starter = subprocess.Popen([str(fake_starter), "-c", "sleep 30 & echo $!; wait", "-f", "-a", "slot1_3"],
-                               stdout=subprocess.PIPE, text=True)
-    job_pid = None
-    try:
-        job_pid = int(starter.stdout.readline())
-        got = find_starter(job_pid, [str(fake_starter)])
-        assert got is not None and got.pid == starter.pid and got.slot == "slot1_3"
-        assert got.start == start_time(starter.pid) > 0
+    with starter_with_job(tmp_path, "slot1_3") as (starter_pid, job_pid, fake_starter):
+        got = find_starter(job_pid, [fake_starter])
+        assert got is not None and got.pid == starter_pid and got.slot == "slot1_3"
+        assert got.start == start_time(starter_pid) > 0
         assert find_starter(job_pid, ["/usr/sbin/condor_starter"]) is None  # another binary is no starter
-        assert find_starter(starter.pid, [str(fake_starter)]) is None  # the starter itself is not its own job
-    finally:
-        if job_pid:
-            os.kill(job_pid, signal.SIGKILL)  # the "job" is ours too: end it by PID, not left to run
-        starter.kill()
-        starter.wait()
+        assert find_starter(starter_pid, [fake_starter]) is None  # the starter itself is not its own job
 
 
 def test_usage_totals_rates_and_peaks():

@@ -1,6 +1,8 @@
 """Issue 14, daemon side, pure logic and error paths with fakes: pins, carried counters, pid reuse, release."""
 import asyncio
 import os
+import struct
+import subprocess
 
 import pytest
 
@@ -366,3 +368,113 @@ def test_holding_a_job_names_its_schedd_and_a_refusal_is_false_not_fatal(caplog)
     with caplog.at_level("WARNING"):
         assert AdPusher(hold=refuse).hold("ap1#3.0#1", "3.0", "x") is False
     assert "could not hold job 3.0 at schedd ap1" in caplog.text
+
+
+# -- issue 23 item 14: process identity on kernels without SO_PEERPIDFD, pid reuse simulated by start times ---
+class NoPeerPidfdSocket:
+    """A connected socket on a kernel older than 6.5: SO_PEERCRED works, SO_PEERPIDFD is unknown."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def getsockopt(self, level, opt, size):
+        if opt == peercred.SO_PEERPIDFD:
+            raise OSError(92, "Protocol not available")   # ENOPROTOOPT
+        return struct.pack("3i", self.pid, 65534, 65534)
+
+
+def test_without_so_peerpidfd_a_reused_pid_is_told_apart_by_its_start_time(monkeypatch):
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        peer = peercred.peer_of(NoPeerPidfdSocket(child.pid))
+        assert peer.pidfd is None and peer.start == peercred.start_time(child.pid)
+        peercred.still_same_process(peer)                 # the same process: accepted
+        real = peercred.start_time
+        # Another process now holds the pid: same number, later start time.
+        monkeypatch.setattr(peercred, "start_time", lambda pid: real(pid) + 1 if pid == child.pid else real(pid))
+        with pytest.raises(LarkError, match="exited while its request was checked"):
+            peercred.still_same_process(peer)
+        monkeypatch.undo()
+    finally:
+        child.kill()
+        child.wait()
+    with pytest.raises(LarkError, match="exited while its request was checked"):
+        peercred.still_same_process(peer)                 # exited and reaped: no process has its start time
+
+
+def test_a_peer_gone_before_it_was_read_is_refused():
+    child = subprocess.Popen(["true"])
+    child.wait()
+    peer = peercred.peer_of(NoPeerPidfdSocket(child.pid))
+    with pytest.raises(LarkError, match="exited while its request was checked"):
+        peercred.still_same_process(peer)
+
+
+def _dispatching_daemon(tmp_path, monkeypatch):
+    from helpers.fakekernel import fake_networker
+
+    from lark.daemon import server as server_mod
+    from lark.plan import NetworkPlan
+    net, _ = fake_networker(str(tmp_path), monkeypatch, ad_source="files", ad_dir=str(tmp_path / "ads"))
+    d = server_mod.Larkd(net.cfg)
+    d.fw, d.net, d.records, d.acct, d.finished = net.fw, net, net.records, net.acct, net.finished
+    me = starter(pid=os.getpid(), start=peercred.start_time(os.getpid()))
+    monkeypatch.setattr(server_mod.peercred, "find_starter", lambda pid, paths: me)
+    monkeypatch.setattr(d, "plan_for", lambda st, key: NetworkPlan(job_id="3.0", slot=st.slot, key=key))
+    return d
+
+
+@pytest.mark.parametrize("op,uid", [("check", 1000), ("stats", 1000), ("push", 1000), ("release", 0),
+                                    ("stats", 0)])
+def test_every_request_acting_on_a_job_checks_the_peer_is_still_the_process_that_connected(
+        tmp_path, monkeypatch, op, uid):
+    d = _dispatching_daemon(tmp_path, monkeypatch)
+    me = os.getpid()
+    # This process stands for the one that reused the pid of the peer that connected (another start time).
+    replaced = peercred.Peer(pid=me, uid=uid, gid=uid, start=peercred.start_time(me) - 1)
+    same = peercred.Peer(pid=me, uid=uid, gid=uid, start=peercred.start_time(me))
+
+    async def ask(who):
+        d.loop = asyncio.get_running_loop()
+        return await d.dispatch({"op": op, "slot": "slot1"}, who)
+    with pytest.raises(LarkError, match="exited while its request was checked"):
+        asyncio.run(ask(replaced))
+    assert b'"ok": true' in asyncio.run(ask(same)).replace(b'"ok":true', b'"ok": true')
+
+
+def test_setup_checks_the_peer_by_start_time_without_a_pidfd(monkeypatch):
+    ns, owner = peercred.netns_identity(os.getpid())
+    monkeypatch.setattr(peercred, "find_starter", lambda pid, paths: starter())
+    me = os.getpid()
+    replaced = peercred.Peer(me, 65534, 65534, start=peercred.start_time(me) - 1)
+    with pytest.raises(LarkError, match="exited while its request was checked"):
+        peercred.authorize_job(replaced, ["/x"], daemon_netns=ns + 1, daemon_userns=owner)
+    same = peercred.Peer(me, 65534, 65534, start=peercred.start_time(me))
+    assert peercred.authorize_job(same, ["/x"], daemon_netns=ns + 1, daemon_userns=owner) == (starter(), ns)
+
+
+@pytest.fixture
+def starter_tree(tmp_path):
+    """A real tree: a root-owned "starter" and its child "job"."""
+    if os.geteuid() != 0:
+        pytest.skip("the starter must be root-owned")
+    from helpers.proctree import starter_with_job
+    with starter_with_job(tmp_path) as tree:
+        yield tree
+
+
+def test_starter_found_up_the_tree_is_pinned_against_pid_reuse(starter_tree, monkeypatch):
+    starter_pid, job_pid, path = starter_tree
+    got = peercred.find_starter(job_pid, [path])
+    assert got is not None and got.pid == starter_pid and got.start == peercred.start_time(starter_pid)
+    real = peercred.start_time
+    # The starter's pid now names a process younger than the job: the starter died and its pid was reused.
+    monkeypatch.setattr(peercred, "start_time",
+                        lambda pid: real(job_pid) + 1 if pid == starter_pid else real(pid))
+    with pytest.raises(LarkError, match="pid reuse"):
+        peercred.find_starter(job_pid, [path])
+    # The pid is reused while its exe, uid and command line are read: the second reading differs.
+    reads = iter([real(starter_pid), real(starter_pid) + 7])
+    monkeypatch.setattr(peercred, "start_time", lambda pid: next(reads) if pid == starter_pid else real(pid))
+    with pytest.raises(LarkError, match="starter exited while it was read"):
+        peercred.find_starter(job_pid, [path])

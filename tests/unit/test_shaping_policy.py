@@ -23,7 +23,7 @@ def test_limit_is_the_slots_allocation_not_the_jobs_request():
 
 
 def test_no_allocation_follows_the_default_policy():
-    assert plan(machine="Bandwidth = 0").rate_limit_mbit is None
+    assert plan(machine="Bandwidth = 0", bandwidth_mbit=1000).rate_limit_mbit is None  # fair: set at start
     assert plan(machine="Bandwidth = 0", default_bandwidth="80").rate_limit_mbit == 80
     share = plan(machine="TotalBandwidth = 10000\nCpus = 4\nTotalCpus = 16", default_bandwidth="share")
     assert share.rate_limit_mbit == 2500
