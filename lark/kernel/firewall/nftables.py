@@ -10,10 +10,10 @@ import json
 import logging
 
 from ...errors import LarkError
-from . import libnft, nftcounters
-from .. import forwarding
 from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
+from .. import forwarding
+from . import libnft, nftcounters
 from .base import Counters, Firewall
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,9 @@ DNS_MARK = 0x4C4B0035  # set on bridged jobs' queries in the bridge table, check
 # "hp", "hpf": same-EP frames up the uplink, in the netdev table (lark/kernel/firewall/same_ep.py)
 JOB_CHAINS = ("pre", "out", "in", "bpre", "bout", "bin", *DNS_MAPS.values(), *BR_DNS_MAPS.values(), "hp", "hpf")
 ALL_MAPS = (*MAPS, *BR_MAPS, *DNS_MAPS, *BR_DNS_MAPS)
+# The MACs of OVS jobs, each element commented with the job's host_if (for gc): the host guard's view of "from a
+# job port" on the OVS bridge's internal port (see _ovs_host_guard).
+OVS_JOBS = "ovs_jobs"
 
 
 def _payload(proto: str, field: str) -> dict:
@@ -181,20 +184,25 @@ class NftablesFirewall(Firewall):
 
     def _ovs_host_guard(self) -> list[dict]:
         """OVS jobs reach the host through the bridge's internal port, not through their `lk-*` device, so the
-        catch-all drop for job devices misses them: drop new connections from job addresses there too."""
+        catch-all drop for job devices misses them. This hook sees neither the switch port a frame came in by nor,
+        for addresses from the site's DHCP server or SLAAC, an address Lark chose (the guard once matched
+        `bridge_range` and missed those jobs). It does see the source MAC, and a job port's OpenFlow allowlist lets
+        out no other MAC than the job's (attach/ovs.py): frames from a MAC in `ovs_jobs` come from that job's port,
+        whatever their addresses. Replies and neighbour discovery pass (as on a NAT job's veth); the rest is dropped."""
         cfg = self.cfg
         if not cfg.bridge_range or cfg.allow_job_to_host:
             return []
-        cmds = []
-        for family, rng in (("ip", cfg.bridge_range), ("ip6", cfg.bridge_range6)):
-            if not rng:
-                continue
-            first, last = (x.strip() for x in rng.split("-"))
-            from_jobs = [_meta("iifname", cfg.ovs_bridge_name),
-                         {"match": {"op": "==", "left": _payload(family, "saddr"), "right": {"range": [first, last]}}}]
-            cmds.append(self._rule("inp", *from_jobs, _ct_state("established", "related"), {"accept": None}))
-            cmds.append(self._rule("inp", *from_jobs, {"drop": None}))
-        return cmds
+        from_jobs = [_meta("iifname", cfg.ovs_bridge_name),
+                     {"match": {"op": "==", "left": _payload("ether", "saddr"), "right": f"@{OVS_JOBS}"}}]
+        neighbour_discovery = {"match": {"op": "==", "left": _payload("icmpv6", "type"),
+                                         "right": {"set": ["nd-neighbor-solicit", "nd-neighbor-advert"]}}}
+        return [self._rule("inp", *from_jobs, _ct_state("established", "related"), {"accept": None}),
+                self._rule("inp", *from_jobs, neighbour_discovery, {"accept": None}),
+                self._rule("inp", *from_jobs, {"drop": None})]
+
+    def _ovs_job_element(self, verb: str, names: JobNames) -> dict:
+        elem = {"elem": {"val": names.job_mac, "comment": names.host_if}} if verb == "add" else names.job_mac
+        return {verb: {"element": {**self.t, "name": OVS_JOBS, "elem": [elem]}}}
 
     def _dns_job(self, names: JobNames) -> list[dict]:
         if not self.cfg.dns_forward:
@@ -341,6 +349,7 @@ class NftablesFirewall(Firewall):
         for name in MAPS:
             cmds.append({"add": {"map": {**t, "name": name, "type": "ifname", "map": "verdict"}}})
         cmds.append({"add": {"map": {**t, "name": "inbound", "type": "inet_service", "map": "ipv4_addr"}}})
+        cmds.append({"add": {"set": {**t, "name": OVS_JOBS, "type": "ether_addr"}}})
         chains = [("pre", "filter", "prerouting", -300), ("fwd", "filter", "forward", 0),
                   ("inp", "filter", "input", 0), ("nat_pre", "nat", "prerouting", -100),
                   ("nat_post", "nat", "postrouting", 100)]
@@ -420,7 +429,11 @@ class NftablesFirewall(Firewall):
     # -- per job --------------------------------------------------------------------------------------
     def add_job(self, plan: JobNetwork, names: JobNames) -> None:
         if plan.network_type == "ovs_bridge":
-            return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
+            # Switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py). The host guard only needs
+            # its MAC, in before the job runs.
+            self._apply([self._ovs_job_element("add", names)],
+                        f"nft set {OVS_JOBS} (host guard) entry of job {plan.job_id} ({names.host_if})")
+            return
         if plan.network_type == "bridge":
             what = f"nft bridge rules of job {plan.job_id} ({names.host_if})"
             if self._bridge_base_done:
@@ -476,8 +489,11 @@ class NftablesFirewall(Firewall):
         j = names.nft_id
         final, found = Counters(), False
         cmds: list[dict] = []
+        guard: list[dict] = []  # an OVS job's only object here: its MAC in the host guard's set
         # One listing per table serves both the final counter reading and the delete batch.
         for t, objs in self._table_objs():
+            if t is self.t and names.job_mac in {mac for mac, _ in self._ovs_elements(objs)}:
+                guard.append(self._ovs_job_element("delete", names))
             for o in objs:
                 m = o.get("map")
                 if m and m.get("name") in ALL_MAPS:
@@ -504,10 +520,24 @@ class NftablesFirewall(Firewall):
                         final.bytes_out += c["bytes"]
                         final.packets_out += c["packets"]
                     cmds.append({"delete": {"counter": {**t, "name": c["name"]}}})
-        if not cmds:
+        if not cmds and not guard:
             return None
-        self._apply(cmds, f"nft rules of {names.host_if}")
+        self._apply(guard + cmds, f"nft rules of {names.host_if}")
+        if not cmds:
+            return None  # an OVS job: its counters are its veth's
         return final if found else Counters()
+
+    @staticmethod
+    def _ovs_elements(objs: list[dict]) -> list[tuple[str, str]]:
+        """(MAC, comment) of each element of the OVS jobs' set in a table listing."""
+        out = []
+        for o in objs:
+            s = o.get("set")
+            if s and s.get("name") == OVS_JOBS:
+                for e in s.get("elem", []):
+                    e = e.get("elem", e) if isinstance(e, dict) else {"val": e}
+                    out.append((str(e.get("val", "")).lower(), str(e.get("comment", ""))))
+        return out
 
     @staticmethod
     def _job_addresses(objs: list[dict], j: str) -> set[str]:
@@ -541,6 +571,7 @@ class NftablesFirewall(Firewall):
     def job_keys(self) -> set[str]:
         keys = set()
         for _, objs in self._table_objs():
+            keys |= {key for _, host_if in self._ovs_elements(objs) if (key := key_from_host_if(host_if))}
             for o in objs:
                 for kind in ("chain", "counter"):
                     name = o.get(kind, {}).get("name", "")
@@ -549,6 +580,6 @@ class NftablesFirewall(Firewall):
                 m = o.get("map")
                 if m and m.get("name") in ALL_MAPS:
                     for key, _ in m.get("elem", []):
-                        if isinstance(key, str) and key_from_host_if(key):
-                            keys.add(key_from_host_if(key))
+                        if isinstance(key, str) and (job_key := key_from_host_if(key)):
+                            keys.add(job_key)
         return keys
