@@ -70,6 +70,10 @@ OPENFLOW_PORT = 6653
 REGISTRATION_PORT = 8443
 JOB_PORT = 20001                          # the probe jobs' listener (inside Lark's inbound_ports)
 SLOTS_PER_EP = 4                          # static slots per EP (start(slots_per_ep=...) for more)
+# Who may use which accounting group, on the access point (condor_config.d/56-lark-acct-groups.conf): alice
+# submits with cms (bench/paper_wan.py) and students (testbed/pool_probe.py); bob and carol with none.
+ACCT_GROUP_MAP = REPO / "policies" / "acct_groups.map"
+ACCT_GROUP_MAP_PATH = "/etc/condor/lark-acct-groups-pool.map"
 
 
 def ns_path(name: str) -> str:
@@ -316,7 +320,8 @@ def condor_config(machine: str, slots_per_ep: int = SLOTS_PER_EP, ep_extra: str 
         "ENABLE_KERNEL_TUNING = False\n"
         "UPDATE_INTERVAL = 5\nNEGOTIATOR_INTERVAL = 2\nSCHEDD_INTERVAL = 5\n")
     if machine == "cm":
-        return common + "DAEMON_LIST = MASTER COLLECTOR NEGOTIATOR SCHEDD\n"
+        return common + ("DAEMON_LIST = MASTER COLLECTOR NEGOTIATOR SCHEDD\n"
+                         f"LARK_ACCT_GROUP_MAP = {ACCT_GROUP_MAP_PATH}\n")
     return common + (
         "DAEMON_LIST = MASTER STARTD LARKD\n"
         "# Static slots: several jobs start at once (a partitionable slot starts them about two at a time).\n"
@@ -373,6 +378,8 @@ def make_machine(machine: str, pool_key: bytes, state: dict, slots_per_ep: int =
         run(["chroot", str(root), "chown", "condor:condor", "/" + d])
     (root / "etc/condor/config.d/95-lark-pool.conf").write_text(
         condor_config(machine, slots_per_ep, ep_condor) + (lark_knobs(machine, larkd_knobs) if machine in EPS else ""))
+    if machine == "cm":
+        shutil.copy(ACCT_GROUP_MAP, root / ACCT_GROUP_MAP_PATH.lstrip("/"))
     keydir = root / "etc/condor/passwords.d"
     keydir.mkdir(parents=True, exist_ok=True)
     keydir.chmod(0o700)

@@ -44,6 +44,12 @@ HOST_IP, WORLD_IP = "198.51.100.2", "198.51.100.1"
 USERS = ["alice", "bob", "carol"]
 MOUNTS = [("proc", "proc", ["-t", "proc", "proc"]), ("sys", "sys", ["--rbind", "/sys"]),
           ("dev", "dev", ["--rbind", "/dev"])]
+# Who may use which accounting group (condor_config.d/56-lark-acct-groups.conf): exactly the groups the e2e tests
+# submit with, each for the users that submit with it (tests/e2e/test_condor_acctgroup.py, test_condor_report.py).
+ACCT_GROUP_MAP_PATH = "/etc/condor/lark-acct-groups.map"
+ACCT_GROUP_MAP = ("* alice cms,group_down,group_m\n"
+                  "* bob group_up\n"
+                  "* carol group_down,group_up\n")
 
 
 def run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -259,7 +265,10 @@ def install() -> None:
         "STARTD_CRON_LARK_PERIOD = 5s\n"
         "# larkd's own knobs (docs/admin.md)\n"
         "LARK_AD_SOURCE = startd\nLARK_POLL_INTERVAL = 1.0\n"
-        "LARK_UPLINK = up0\nLARK_SUBNET = 10.213.0.0/24\nLARK_BANDWIDTH_MBIT = 1000\n")
+        "LARK_UPLINK = up0\nLARK_SUBNET = 10.213.0.0/24\nLARK_BANDWIDTH_MBIT = 1000\n"
+        "# Users claim only their own accounting groups (56-lark-acct-groups.conf)\n"
+        f"LARK_ACCT_GROUP_MAP = {ACCT_GROUP_MAP_PATH}\n")
+    (ROOT / ACCT_GROUP_MAP_PATH.lstrip("/")).write_text(ACCT_GROUP_MAP)
     (ROOT / "etc/hosts").write_text(f"127.0.0.1 localhost {os.uname().nodename}\n")
     (ROOT / "etc/resolv.conf").unlink(missing_ok=True)
     (ROOT / "etc/resolv.conf").write_text("# testbed: no resolver in the EP namespace\n")
