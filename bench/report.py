@@ -58,6 +58,7 @@ AD = {
     "LastRemoteHost": '"slot1_{slot}@{ep}"', "NumSystemHolds": "0", "BlockReadKbytes": "{kb}",
     "CpusProvisioned": "1", "DiskProvisioned": "1048576", "GPUsProvisioned": "0", "JobNotification": "0",
     "JobSubmitMethod": "0", "LarkIPv4Address": '"10.{a}.{b}.{c}"', "LarkNetworkType": '"{ntype}"',
+    "LarkFiguresBy": '"{ep}"',   # larkd's mark: `lark report` counts only the figures it wrote
     "LeaveJobInQueue": "false", "NumShadowStarts": "1", "ResidentSetSize": "{rss}",
     "StartdPrincipal": '"execute-side@matchsession/{ip}"', "BlockWriteKbytes": "{kb}",
     "FileSystemDomain": '"{submit}"', "JobLeaseDuration": "2400", "MachineAttrCpus0": "1", "RecentBlockReads": "0",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from ..errors import LarkError
 from .fields import HIT_LIMIT_SHARE, extra_key
@@ -84,7 +84,7 @@ def parse_when(text: str | None, what: str) -> int | None:
     except ValueError:
         raise LarkError(f"{text!r} is not a date", obj=what, fix="write 2026-11-01 or 2026-11-01T12:00 (UTC)") from None
     if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
     return int(dt.timestamp())
 
 
@@ -105,12 +105,13 @@ def summarise(db: sqlite3.Connection, by: list[str], since: int | None = None, u
     exprs = [group_sql(b) for b in by]
     where, params = _window(since, until)
     cols = ", ".join(f"{e} AS g{i}" for i, e in enumerate(exprs))
-    group = f"GROUP BY {', '.join(f'g{i}' for i in range(len(exprs)))} ORDER BY bytes_in + bytes_out DESC" if exprs else ""
+    keys = ", ".join(f"g{i}" for i in range(len(exprs)))
+    group = f"GROUP BY {keys} ORDER BY bytes_in + bytes_out DESC" if exprs else ""
     sql = f"SELECT {cols + ',' if cols else ''} {FIGURES} FROM jobs {where} {group}"
     out = []
     for rec in db.execute(sql, params):
-        groups = {b: ("" if v is None else v) for b, v in zip(by, rec[:len(by)])}
-        figs = dict(zip(FIGURE_NAMES, rec[len(by):]))
+        groups = {b: ("" if v is None else v) for b, v in zip(by, rec[:len(by)], strict=True)}
+        figs = dict(zip(FIGURE_NAMES, rec[len(by):], strict=True))
         if not figs["jobs"]:
             continue
         out.append({**groups, **figs})

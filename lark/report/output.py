@@ -8,7 +8,7 @@ import io
 import json
 import os
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 from ..errors import LarkError
@@ -50,7 +50,8 @@ def _cell(name: str, v) -> str:
 
 
 def _period(rep: Report) -> str:
-    fmt = lambda t: datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    def fmt(t: int) -> str:
+        return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M UTC")
     return f"{fmt(rep.since) if rep.since else 'the beginning'} to {fmt(rep.until) if rep.until else 'now'}"
 
 
@@ -120,7 +121,7 @@ def charts(rep: Report, per_day: dict[str, dict[str, int]], top: int = 10) -> di
     for d in days:
         for g, b in per_day[d].items():
             totals[g] = totals.get(g, 0) + b
-    groups = sorted(totals, key=totals.get, reverse=True)
+    groups = sorted(totals, key=lambda g: totals[g], reverse=True)
     shown, rest = groups[:top], groups[top:]
     fig, ax = plt.subplots(figsize=(9, 4.5))
     bottom = [0.0] * len(days)
@@ -128,7 +129,7 @@ def charts(rep: Report, per_day: dict[str, dict[str, int]], top: int = 10) -> di
         vals = [sum(per_day[d].get(x, 0) for x in rest) / 1e9 if g == "(others)" else per_day[d].get(g, 0) / 1e9
                 for d in days]
         ax.bar(days, vals, bottom=bottom, label=g or "(none)")
-        bottom = [a + b for a, b in zip(bottom, vals)]
+        bottom = [a + b for a, b in zip(bottom, vals, strict=True)]
     ax.set_ylabel("GB (in + out)")
     ax.set_title(f"Bytes per {label} per day")
     if days:
@@ -180,10 +181,10 @@ def write_html(rep: Report, per_day: dict[str, dict[str, int]], directory: str) 
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;
 padding:3px 8px}}td.n{{text-align:right}}img{{max-width:100%}}</style></head><body>
 <h1>Lark network accounting</h1><p>Jobs completed {e(_period(rep))}, grouped by {e(', '.join(rep.by) or 'nothing')}.
-Generated {e(datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC'))}.</p>
+Generated {e(datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC'))}.</p>
 {imgs}<table><tr>{head}</tr>{body}</table></body></html>
 """
     path = os.path.join(directory, "index.html")
-    with open(path, "w") as f:
-        f.write(page)
+    with open(path, "w") as page_file:
+        page_file.write(page)
     return path

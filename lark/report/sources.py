@@ -6,10 +6,11 @@ import logging
 import os
 import re
 import socket
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import LarkError
-from .fields import CORE_ATTRS, decode_literal
+from .fields import CORE_ATTRS, decode_literal, key_ids
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ EXACT_SPELLING = frozenset([
     "JobCurrentStartDate", "RemoteWallClockTime", "LarkNetworkType", "LarkBandwidthLimit",
     "NetworkIncomingBytes", "NetworkOutgoingBytes", "NetworkIncomingPackets", "NetworkOutgoingPackets",
     "NetworkIncomingAvgRate", "NetworkOutgoingAvgRate", "NetworkIncomingPeakRate", "NetworkOutgoingPeakRate",
+    "ClusterId", "ProcId", "QDate", "LarkFiguresBy",
 ])
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 
@@ -101,7 +103,7 @@ def history_ads(path: str, offset: int, pattern: re.Pattern, block: int = 16 << 
     complete ad of a history file from `offset` on (to `stop`): `Attr = value` lines, each ad ended by a
     `*** ...` banner line. An ad still being written (no banner yet) is left for the next run."""
     try:
-        f = open(path, "rb")
+        f = open(path, "rb")  # noqa: SIM115 (a `with` below: the error here names the file and the fix)
     except OSError as e:
         raise LarkError(f"cannot read the history file: {e.strerror}", obj=path,
                         fix="give the schedd's history file (condor_config_val HISTORY) readable by you") from None
@@ -170,7 +172,7 @@ def read_history_file(path: str, offset: int = 0, wanted: set[str] | None = None
         for pairs, end in history_ads(path, offset, m.pattern, block):
             if pairs:
                 yield {n: decode_literal(v.decode("utf-8", "replace"))
-                       for n, v in zip(names, m.slots(pairs)) if v is not None}, end
+                       for n, v in zip(names, m.slots(pairs), strict=True) if v is not None}, end
         return
     pattern = re.compile(rb"\n([A-Za-z_][A-Za-z0-9_.]*) = ([^\r\n]*)")
     for pairs, end in history_ads(path, offset, pattern, block):
@@ -189,10 +191,8 @@ def schedds(pool: str | None, name: str | None) -> list[tuple[str, Any]]:
     import htcondor2
     try:
         coll = htcondor2.Collector(pool) if pool else htcondor2.Collector()
-        if name:
-            ads = [coll.locate(htcondor2.DaemonType.Schedd, name)]
-        else:
-            ads = coll.locateAll(htcondor2.DaemonType.Schedd)
+        ads = ([coll.locate(htcondor2.DaemonType.Schedd, name)] if name
+               else coll.locateAll(htcondor2.DaemonType.Schedd))
         return [(str(ad.get("Name", "")), htcondor2.Schedd(ad)) for ad in ads]
     except Exception as e:
         raise LarkError(f"cannot find the schedds: {e}", obj=f"collector {pool or '(local pool)'}",
@@ -204,14 +204,17 @@ def classad_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def since_jobs(gids: list[str]) -> str | None:
-    """The `since` expression that stops a schedd's history scan at any of these jobs."""
-    return " || ".join(f"GlobalJobId == {classad_string(g)}" for g in gids) or None
+def since_jobs(keys: list[str]) -> str | None:
+    """The `since` expression that stops a schedd's history scan at any of these jobs (row keys). By ClusterId
+    and ProcId, which the owner cannot edit: a GlobalJobId edited to name a job of the last run would stop the
+    scan early, at a job never read, and lose it and every job behind it."""
+    ids = [i for i in map(key_ids, keys) if i is not None]
+    return " || ".join(f"(ClusterId == {c} && ProcId == {p} && QDate == {q})" for c, p, q in ids) or None
 
 
 def schedd_history(schedd, known: list[str], attrs: list[str]) -> Iterator[dict]:
-    """History ads of one schedd, newest first, down to (not including) the first of the jobs `known` (the
-    newest of the last run); all of them when none is known."""
+    """History ads of one schedd, newest first, down to (not including) the first of the jobs `known` (row keys
+    of the newest of the last run); all of them when none is known."""
     constraint = "NetworkIncomingBytes =!= undefined || NetworkOutgoingBytes =!= undefined"
     try:
         ads = schedd.history(constraint=constraint, projection=attrs, since=since_jobs(known))
@@ -248,5 +251,15 @@ def this_ep() -> str:
     return socket.getfqdn()
 
 
-__all__ = ["CORE_ATTRS", "AttrMatcher", "history_ads", "read_history_file", "history_file_identity", "schedds", "schedd_history",
-           "ad_values", "finished_records", "this_ep"]
+__all__ = [
+    "CORE_ATTRS",
+    "AttrMatcher",
+    "ad_values",
+    "finished_records",
+    "history_ads",
+    "history_file_identity",
+    "read_history_file",
+    "schedd_history",
+    "schedds",
+    "this_ep",
+]

@@ -5,12 +5,13 @@ import json
 import os
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lark.errors import LarkError
 from lark.report import aggregate, importer, output
 from lark.report.cache import Cache
-from lark.report.fields import row_from_ad, row_from_finished
+from lark.report.fields import COLUMNS, Rejected, Row, row_from_ad, row_from_finished
 from lark.report.sources import read_history_file
 
 DAY = 86400
@@ -19,12 +20,12 @@ T0 = 1_793_491_200  # 2026-11-01 00:00 UTC
 
 def ad(cluster, owner="alice", group="group_a", ep="ep1", bin_=1000, bout=100, completed=T0 + 3600, limit=None,
        req=None, peak_in=0.0, wall=10.0, schedd="s1", **more):
-    a = {"GlobalJobId": f"{schedd}#{cluster}.0#1", "ClusterId": cluster, "ProcId": 0, "Owner": owner,
+    a = {"GlobalJobId": f"{schedd}#{cluster}.0#1", "ClusterId": cluster, "ProcId": 0, "QDate": 1, "Owner": owner,
          "AcctGroup": group, "LastRemoteHost": f"slot1@{ep}", "CompletionDate": completed,
          "RemoteWallClockTime": wall, "LarkNetworkType": "nat", "NetworkIncomingBytes": bin_,
          "NetworkOutgoingBytes": bout, "NetworkIncomingPackets": 10, "NetworkOutgoingPackets": 5,
          "NetworkIncomingAvgRate": bin_ * 8 / wall, "NetworkOutgoingAvgRate": bout * 8 / wall,
-         "NetworkIncomingPeakRate": peak_in, "NetworkOutgoingPeakRate": 0.0}
+         "NetworkIncomingPeakRate": peak_in, "NetworkOutgoingPeakRate": 0.0, "LarkFiguresBy": ep}
     if limit is not None:
         a["LarkBandwidthLimit"] = limit
     if req is not None:
@@ -52,14 +53,15 @@ def cache(tmp_path):
 
 
 def add_ads(cache, ads, extra=()):
-    cache.add(r for r in (row_from_ad(a, "history", list(extra)) for a in ads) if r is not None)
+    cache.add(r for r in (row_from_ad(a, "history", list(extra)) for a in ads) if isinstance(r, Row))
 
 
-def test_row_needs_network_figures_and_global_id():
+def test_row_needs_network_figures_a_marker_and_a_job_id():
     assert row_from_ad({"GlobalJobId": "s#1.0#1", "Owner": "a"}, "history", []) is None
-    assert row_from_ad({"NetworkIncomingBytes": 5}, "history", []) is None
+    assert isinstance(row_from_ad({"NetworkIncomingBytes": 5}, "history", []), Rejected)
+    assert isinstance(row_from_ad({"NetworkIncomingBytes": 5, "LarkFiguresBy": "ep1"}, "history", []), Rejected)
     r = row_from_ad(ad(1), "history", [])
-    assert r.gid == "s1#1.0#1" and r.values[4] == "ep1"
+    assert r.key == "s1#1.0#1#alice" and r.gid == "s1#1.0#1" and r.values[COLUMNS.index("ep")] == "ep1"
 
 
 def test_group_by_owner_sums_and_counts(cache):
@@ -91,7 +93,7 @@ def test_history_file_read_incrementally(cache, tmp_path):
     # The schedd appends one finished ad and is half-way through writing the next (no banner yet).
     with open(f, "a") as h:
         h.write(history_text([ad(2, bin_=7)]))
-        h.write('GlobalJobId = "s1#3.0#1"\nNetworkIncomingBytes = 9\n')
+        h.write(history_text([ad(3, bin_=9)]).rpartition("***")[0])
     importer.import_history_file(cache, str(f))
     mark = cache.mark(f"file:{f}")
     assert cache.count() == 2
@@ -122,15 +124,15 @@ def test_history_values_through_classad_when_not_plain(tmp_path):
     assert got["R"] == 1500.0 and end == f.stat().st_size
 
 
-def test_ep_record_counts_until_history_arrives_and_never_twice(cache, tmp_path):
-    fin = {"global_job_id": "s1#1.0#1", "owner": "alice", "accounting_group": "group_a", "bytes_in": 999,
-           "bytes_out": 1, "started": T0, "ended": T0 + 50, "network_type": "nat", "rate_limit_mbit": 10}
+def test_ep_record_and_history_count_once_and_larkds_record_wins(cache, tmp_path):
+    fin = {"global_job_id": "s1#1.0#1", "job_id": "1.0", "owner": "alice", "accounting_group": "group_a",
+           "bytes_in": 999, "bytes_out": 1, "started": T0, "ended": T0 + 50, "network_type": "nat",
+           "rate_limit_mbit": 10}
     cache.add([row_from_finished(fin, "ep1")])
     assert aggregate.summarise(cache.db, []).rows[0]["bytes_in"] == 999
-    add_ads(cache, [ad(1, bin_=1000)])   # history wins
-    cache.add([row_from_finished(fin, "ep1")])   # and a later EP read does not replace it
+    add_ads(cache, [ad(1, bin_=1000)])   # the history's last push does not replace larkd's exact record
     rows = aggregate.summarise(cache.db, []).rows
-    assert rows[0]["jobs"] == 1 and rows[0]["bytes_in"] == 1000
+    assert rows[0]["jobs"] == 1 and rows[0]["bytes_in"] == 999
 
 
 def test_finished_record_without_global_id_is_skipped():
@@ -140,8 +142,8 @@ def test_finished_record_without_global_id_is_skipped():
 def test_finished_records_imported_from_store(cache, tmp_path):
     from lark.daemon.records import FinishedStore
     store = FinishedStore(str(tmp_path / "finished"))
-    store.save("slot1", {"global_job_id": "s#5.0#1", "bytes_in": 10, "bytes_out": 20, "ended": T0 + 5,
-                         "started": T0, "owner": "carol"})
+    store.save("slot1", {"global_job_id": "s#5.0#1", "job_id": "5.0", "bytes_in": 10, "bytes_out": 20,
+                         "ended": T0 + 5, "started": T0, "owner": "carol"})
     store.save("slot2", {"job_id": "6.0", "bytes_in": 10, "ended": T0 + 6})
     assert importer.import_finished(cache, str(tmp_path / "finished"), ep="ep9") == 1
     r = aggregate.summarise(cache.db, ["Owner", "EP"]).rows
@@ -198,7 +200,7 @@ def test_grouped_totals_equal_per_job_totals(tmp_path_factory, jobs):
         add_ads(c, [ad(cl, owner=o, group=g, bin_=bi, bout=bo) for cl, o, g, bi, bo in jobs])
         latest = {}
         for cl, o, g, bi, bo in jobs:
-            latest[cl] = (o, g, bi, bo)   # a job read again replaces itself
+            latest[cl, o] = (o, g, bi, bo)   # a job (its id and Owner, which cannot change) read again replaces itself
         expect: dict = {}
         for o, g, bi, bo in latest.values():
             e = expect.setdefault((o, g), [0, 0, 0])
@@ -285,7 +287,7 @@ def test_schedd_history_read_incrementally_and_never_twice(cache, monkeypatch):
     schedd.ads = ads + [dict(ad(9, completed=T0 + 900), EnteredCurrentStatus=T0 + 900)]
     importer.import_schedds(cache)
     # The second run stops at the newest jobs the first one read (newest first).
-    assert schedd.calls[1].startswith('GlobalJobId == "s1#5.0#1" || GlobalJobId == "s1#4.0#1"')
+    assert schedd.calls[1].startswith("(ClusterId == 5 && ProcId == 0 && QDate == 1) || (ClusterId == 4 && ")
     rep = aggregate.summarise(cache.db, [])
     assert rep.rows[0]["jobs"] == 6 and rep.rows[0]["bytes_in"] == 6000
 
@@ -351,13 +353,14 @@ def test_attribute_names_in_any_case(cache, tmp_path):
 
 def test_week_is_the_iso_week():
     import datetime as dt
+
     from lark.report.cache import Cache as C
     c = C(":memory:")
     try:
         days = [dt.date(2026, 12, 27) + dt.timedelta(days=i) for i in range(12)] + [dt.date(2026, 11, 2),
                                                                                       dt.date(2027, 12, 31)]
         for i, d in enumerate(days):
-            t = int(dt.datetime(d.year, d.month, d.day, 12, tzinfo=dt.timezone.utc).timestamp())
+            t = int(dt.datetime(d.year, d.month, d.day, 12, tzinfo=dt.UTC).timestamp())
             add_ads(c, [ad(i, completed=t)])
         got = dict(c.db.execute(f"SELECT gid, {aggregate.group_sql('week')} FROM jobs"))
         for i, d in enumerate(days):
@@ -370,6 +373,7 @@ def test_week_is_the_iso_week():
 
 def test_html_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     import builtins
+
     from lark import cli
     real = builtins.__import__
 
@@ -389,6 +393,7 @@ def test_html_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch, c
 
 def test_ad_values_evaluates_expressions_in_the_ad():
     import classad2
+
     from lark.report.sources import ad_values
     a = classad_of({"GlobalJobId": "s#1.0#1", "NetworkIncomingBytes": 7, "Owner": "alice"})
     a["Doubled"] = classad2.ExprTree("NetworkIncomingBytes * 2")
@@ -417,7 +422,8 @@ def test_history_file_and_schedd_paths_store_the_same_rows(tmp_path_factory, ads
     d = tmp_path_factory.mktemp("eq")
     cads = []
     for i, a in enumerate(ads):
-        c = classad_of({**a, "GlobalJobId": f'sub#{i}.0#"q"\\x'})
+        c = classad_of({**a, "GlobalJobId": f'sub#{i}.0#"q"\\x', "ClusterId": i, "ProcId": 0, "QDate": 7,
+                        "LarkFiguresBy": "ep"})
         cads.append(c)
     (d / "history").write_text("".join(c.printOld() + f"*** ProcId = 0 ClusterId = {i}\n"
                                        for i, c in enumerate(cads)))
