@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     from .report.machine_ad import add_parser as add_machine_ad_parser
     add_report_parser(sub)
     add_machine_ad_parser(sub)
+    from .hook_launcher import add_parser as add_install_hook_parser
+    add_install_hook_parser(sub)
     p = sub.add_parser("config", help="configuration tools")
     csub = p.add_subparsers(dest="config_cmd", required=True)
     c = csub.add_parser("migrate", help="print the LARK_* knob lines equivalent to a lark.toml (--config FILE)")
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     c.set_defaults(func=cmd_config_knobs)
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="lark: %(levelname)s %(message)s")
-    if args.socket is None and args.cmd not in ("policy", "config", "report", "network-types"):
+    if args.socket is None and args.cmd not in ("policy", "config", "report", "network-types", "install-hook"):
         try:  # larkd's socket as its configuration says (LARK_SOCKET, or the --config file)
             args.socket = load(args.config, warn=False).socket
         except LarkError as e:

@@ -153,6 +153,24 @@ def ptrace_scope(path: str = YAMA_SCOPE) -> Finding:
     return Finding("ptrace", f"yama ptrace_scope {scope}", True, "jobs cannot trace Lark's hooks")
 
 
+def prepare_job_start(run: Runner, path: str = YAMA_SCOPE) -> Finding:
+    """Started by the setgid launcher (`lark install-hook`), the PREPARE_JOB hook is never traceable by the job's
+    user, whatever yama says; a plain Python hook's start is, unless yama or pid namespaces close it."""
+    from .hook_launcher import FIX, launcher_problem
+    keyword = condor_param(run, "STARTER_JOB_HOOK_KEYWORD")
+    hook = condor_param(run, f"{keyword}_HOOK_PREPARE_JOB") if keyword else None
+    if hook is None:
+        return ptrace_scope(path)
+    problem = launcher_problem(hook)
+    if problem is None:
+        return Finding("ptrace", f"PREPARE_JOB hook {hook} is the setgid launcher", True,
+                       "the hook is never dumpable: no process of the job's user can trace it")
+    yama = ptrace_scope(path)
+    return Finding("ptrace", f"{yama.found}; PREPARE_JOB hook {hook}: {problem}", yama.ok, yama.action,
+                   f"{FIX}, then LARK_HOOK_PREPARE_JOB = the launcher (the shipped 50-lark.conf)" +
+                   (f"; or {yama.fix}" if yama.fix else ""))
+
+
 def net_namespaces(path: str | None = None) -> Finding:
     """OSG and EGI advise `user.max_net_namespaces = 0` on worker nodes: that stops root too, so no job starts."""
     from .kernel.netns import net_namespace_limit
@@ -252,7 +270,7 @@ def process_identity(fallback: Callable[[], str] | None = None, kernel: str | No
 
 
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
-    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), ptrace_scope(),
+    return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), prepare_job_start(run),
             net_namespaces(), job_exit_hook(run), file_transfer(run), bandwidth_capacity(cfg), process_identity()]
 
 

@@ -37,7 +37,8 @@ PACKAGES = ["condor", "minicondor", "nftables", "iproute2", "util-linux", "procp
             "openssh-client"]
 # Added after the first release of the testbed: a cached root without them gets them on its next build().
 LATER_PACKAGES = {"usr/bin/ovs-vsctl": "openvswitch-switch", "usr/sbin/dnsmasq": "dnsmasq-base",
-                  "usr/sbin/sshd": "openssh-server", "usr/bin/ssh": "openssh-client"}  # condor_ssh_to_job
+                  "usr/sbin/sshd": "openssh-server", "usr/bin/ssh": "openssh-client",  # condor_ssh_to_job
+                  "usr/bin/gcc": "gcc", "usr/include/stdio.h": "libc6-dev"}  # lark install-hook compiles
 APT = ["apt-get", "-o", "Acquire::Check-Valid-Until=false", "-o", "APT::Sandbox::User=root"]
 HOST_NS, WORLD_NS = "lark-tb-host", "lark-tb-world"
 HOST_IP, WORLD_IP = "198.51.100.2", "198.51.100.1"
@@ -241,6 +242,8 @@ def install() -> None:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(f"/opt/lark/bin/{name}")
+    # The PREPARE_JOB hook's setgid launcher (/opt/lark/libexec/lark-prepare-job, as 50-lark.conf names it).
+    run(["chroot", str(ROOT), "/opt/lark/bin/lark", "install-hook"], env=env)
     confd = ROOT / "etc/condor/config.d"
     for f in (REPO / "condor_config.d").iterdir():
         # *.example files are for other hosts (HTCondor would read them: its exclude list has no .example).

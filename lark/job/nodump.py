@@ -2,10 +2,11 @@
 
 A process of the same uid may ptrace another (where yama is absent, as on this project's test kernel) unless the
 target is not dumpable; a traced hook would be the job's way into the host's namespace, outside its limits and
-filter. `prctl(PR_SET_DUMPABLE, 0)` closes that for the rest of the hook's life. The interpreter's start, before
-this runs, stays open to a tracer that wins the race: `kernel.yama.ptrace_scope = 1`, or HTCondor's
-USE_PID_NAMESPACES = True (jobs then cannot see the hook's pid at all), closes it; `lark doctor` says which
-applies (docs/design.md, "Threat model").
+filter. `prctl(PR_SET_DUMPABLE, 0)` closes that for the rest of the hook's life, but only once the interpreter has
+started and imported: a same-uid tracer handed the hook's pid attaches before (tests/integration/
+test_security_hooks.py wins that race every time on this kernel). The setgid launcher (`lark install-hook`,
+lark/job/launcher/prepare_job.c) closes the start too: the hook it execs is never dumpable. This call stays for a
+hook started without it; `lark doctor` says which is configured (docs/design.md, "Threat model").
 """
 from __future__ import annotations
 

@@ -33,7 +33,9 @@ def hold_ad(code: int, reason: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    nondumpable()  # runs as the job's user in the host's namespace: no process of that user may trace it
+    # Runs as the job's user in the host's namespace: no process of that user may trace it. Started by the setgid
+    # launcher it never was dumpable; started directly, this closes it from here on (lark/job/nodump.py).
+    nondumpable()
     if not sys.stdin.isatty():
         sys.stdin.read()  # the starter writes the job ad to our stdin
     try:

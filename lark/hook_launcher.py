@@ -1,0 +1,156 @@
+"""`lark install-hook`: builds the PREPARE_JOB hook's launcher and installs it setgid to a group without privileges.
+
+The hook runs as the job's user in the execution point's own network namespace. Started by this launcher it is
+never dumpable, from its first instruction to its exit, so no process of the job's user can trace it, with or
+without yama (`lark/job/launcher/prepare_job.c` says why, from the kernel's rules). The Python hook alone can
+only make itself non-dumpable once its interpreter has started: a job watching for its pid attaches first.
+
+The launcher is compiled where Lark is installed (gcc), with the interpreter and the hook's script fixed in it,
+and installed as root:lark-hook, mode 2755. Nothing may be replaced by anyone but root on the way from the
+launcher to the hook's code, so every file and directory it names is checked for that first.
+"""
+from __future__ import annotations
+
+import argparse
+import grp
+import logging
+import os
+import pwd
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .errors import LarkError
+
+log = logging.getLogger("lark.hook_launcher")
+
+SOURCE = Path(__file__).resolve().parent / "job" / "launcher" / "prepare_job.c"
+GROUP = "lark-hook"
+# Where the shipped condor_config.d/50-lark.conf points LARK_HOOK_PREPARE_JOB: next to the venv's bin/, where
+# pip (which rewrites bin/lark-prepare-job on every upgrade) never writes.
+DEFAULT_DEST = Path(sys.prefix) / "libexec" / "lark-prepare-job"
+# In the binary: how `lark doctor` tells the launcher from the Python hook or anything else at the hook's path.
+MARKER = b"the PREPARE_JOB launcher of "
+CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-fstack-protector-strong", "-D_FORTIFY_SOURCE=2", "-fPIE", "-pie",
+          "-Wl,-z,relro,-z,now"]
+FIX = "run `lark install-hook` as root (docs/install.md)"
+
+
+def only_root_can_replace(path: Path) -> str | None:
+    """Why someone other than root could replace `path` (it, a symlink on the way, or a directory above it),
+    or None. A world-writable directory is accepted only with its sticky bit (/tmp), where only root may
+    rename or delete root's files."""
+    path = Path(os.path.abspath(path))
+    seen = [path, *path.parents]
+    real = Path(os.path.realpath(path))
+    if real != path:
+        seen += [real, *real.parents]
+    for p in seen:
+        try:
+            st = os.lstat(p)
+        except OSError as e:
+            return f"{p}: {e.strerror}"
+        if stat.S_ISLNK(st.st_mode):
+            continue  # a symlink cannot be changed, only replaced through its directory, checked too
+        if st.st_uid != 0:
+            return f"{p} is owned by uid {st.st_uid}, not root"
+        sticky_dir = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky_dir:
+            return f"{p} is writable by its group or by everyone (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def privilegeless_group(name: str, create: bool = True) -> int:
+    """The gid of `name`, made as a system group when absent. Refused when anybody is in it: the launcher's
+    whole point is that no process but the hook ever has this group."""
+    try:
+        group = grp.getgrnam(name)
+    except KeyError:
+        if not create:
+            raise LarkError(f"no group {name}", fix=FIX) from None
+        subprocess.run(["groupadd", "--system", name], check=True)
+        group = grp.getgrnam(name)
+        log.info("made system group %s (gid %d)", name, group.gr_gid)
+    members = set(group.gr_mem) | {u.pw_name for u in pwd.getpwall() if u.pw_gid == group.gr_gid}
+    if group.gr_gid == 0 or members:
+        raise LarkError(f"group {name} (gid {group.gr_gid}) has members: {', '.join(sorted(members)) or 'root'}",
+                        obj="the PREPARE_JOB launcher's group",
+                        fix="use a group no user and no file needs, e.g. the default lark-hook (--group)")
+    return group.gr_gid
+
+
+def _c_string(what: str, path: Path) -> str:
+    text = str(path)
+    if not path.is_absolute() or any(c in text for c in '"\\') or not text.isprintable():
+        raise LarkError(f"{what} {text!r} must be an absolute path without quotes, backslashes or control "
+                        "characters (it is compiled into the launcher)", obj="lark install-hook")
+    return f'"{text}"'
+
+
+def install(dest: Path, python: Path, script: Path, gid: int, cc: str = "gcc") -> None:
+    """Compile the launcher for `python -I script` and put it at `dest` as root:gid, mode 2755, atomically."""
+    for what, path in (("interpreter", python), ("hook script", script)):
+        why = only_root_can_replace(path)
+        if why:
+            raise LarkError(f"the launcher would run code that not only root controls: {why}",
+                            obj=f"the hook's {what} {path}", fix="install Lark in a root-owned venv (docs/install.md)")
+    dest = Path(os.path.abspath(dest))
+    dest.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    why = only_root_can_replace(dest.parent)
+    if why:
+        raise LarkError(f"others could replace the launcher: {why}", obj=str(dest),
+                        fix="choose a destination in root-owned directories (--dest)")
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    os.close(fd)
+    try:
+        cp = subprocess.run([cc, *CFLAGS, f"-DLARK_HOOK_PYTHON={_c_string('interpreter', python)}",
+                             f"-DLARK_HOOK_SCRIPT={_c_string('hook script', script)}", "-o", tmp, str(SOURCE)],
+                            capture_output=True, text=True)
+        if cp.returncode != 0:
+            raise LarkError(f"{cc} failed: {cp.stderr.strip()}", obj=str(SOURCE),
+                            fix="install gcc and the C library headers (Debian: gcc libc6-dev; EL: gcc glibc-devel)")
+        os.chown(tmp, 0, gid)
+        os.chmod(tmp, 0o2755)  # after chown, which clears the setgid bit
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    log.info("installed %s (root:%d, 2755) for %s -I %s", dest, gid, python, script)
+
+
+def launcher_problem(path: str) -> str | None:
+    """Why the hook at `path` would start traceable by the job's user, or None when it is the setgid launcher."""
+    try:
+        st = os.stat(path)
+        with open(path, "rb") as f:
+            is_launcher = MARKER in f.read(1 << 20)
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if not is_launcher:
+        return "not the setgid launcher (a Python hook's start is traceable by the job's user)"
+    if not st.st_mode & stat.S_ISGID or st.st_gid == 0:
+        return f"the launcher has no setgid group (mode {stat.filemode(st.st_mode)}, gid {st.st_gid})"
+    return only_root_can_replace(Path(path))
+
+
+def cmd_install_hook(args: argparse.Namespace) -> int:
+    gid = privilegeless_group(args.group)
+    install(Path(args.dest), Path(args.python), Path(args.script), gid, args.cc)
+    print(f"{args.dest}: setgid {args.group}, runs {args.python} -I {args.script}; "
+          f"LARK_HOOK_PREPARE_JOB = {args.dest} (as in the shipped 50-lark.conf)")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("install-hook", help="build and install the PREPARE_JOB hook's setgid launcher (as root)")
+    p.add_argument("--dest", default=str(DEFAULT_DEST), help="where to install it (default: %(default)s)")
+    p.add_argument("--group", default=GROUP, help="its group, made when absent, with no members (default: "
+                   "%(default)s)")
+    # sys.executable unresolved: the venv's bin/python, whose pyvenv.cfg gives the hook Lark's packages.
+    p.add_argument("--python", default=sys.executable, help="the interpreter it runs (default: %(default)s)")
+    p.add_argument("--script", default=str(Path(sys.executable).parent / "lark-prepare-job"),
+                   help="the hook it runs with `python -I` (default: %(default)s)")
+    p.add_argument("--cc", default="gcc", help="C compiler (default: %(default)s)")
+    p.set_defaults(func=cmd_install_hook)
