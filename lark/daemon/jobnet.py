@@ -131,11 +131,12 @@ class JobNetworker:
                             rec.plan = net.to_dict()
                             self.records.save(rec)
                 mode.secure(net, n)
-                if not plan.inbound:
-                    # The stateful "no new inbound" filter sits in the job's own netns, where the job has no
-                    # CAP_NET_ADMIN to change it: bridged frames have no conntrack on every kernel, and a NAT job's
-                    # connections from the EP host itself are local output that the forward hook never sees.
-                    job_netns.block_inbound(ns_fd, plan.job_id, self._dhcpv6(plan, mode))
+                # In the job's own netns, where the job has no CAP_NET_ADMIN to change it: the DHCP guard (only
+                # larkd's DHCP messages leave), and the stateful "no new inbound" filter (bridged frames have no
+                # conntrack on every kernel, and a NAT job's connections from the EP host itself are local output
+                # that the forward hook never sees).
+                job_netns.secure(ns_fd, plan.job_id, block_inbound=not plan.inbound,
+                                 dhcpv6_client=self._dhcpv6(plan, mode))
                 self.fw.add_job(net, n)
                 # Before the answer to the wrapper: the pool switch has the job's flows before its program runs.
                 self.controller.register(net, n.job_mac if mode.bridged else "")

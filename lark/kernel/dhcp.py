@@ -12,6 +12,9 @@ releases are unicast from the leased address. The lease is plain data (`Lease`),
 in a per-slot cache so the slot's next job reuses it without a new DISCOVER. Packets are encoded and decoded by
 pyroute2's DHCPv4 codec (`dhcp4msg`); its client is not used because it runs a whole interface state machine of
 its own, while larkd needs one exchange at a time in another namespace, with the lease cached per slot.
+
+The socket carries `DHCP_MARK`: the job's netns lets no DHCP client message out without it (firewall/job_netns.py),
+so only larkd speaks DHCP for the job, never the job itself.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from pyroute2.dhcp.enums.dhcp import MessageType
 
 from ..errors import LarkError
 from ..statefiles import atomic_write, private_dir, read_own
+from .firewall.job_netns import DHCP_MARK
 
 log = logging.getLogger(__name__)
 MAGIC = b"\x63\x82\x53\x63"
@@ -167,6 +171,9 @@ class Client:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, self.ifname.encode())
+        # The job's netns lets DHCP client messages out only with this mark, which no job process can set
+        # (firewall/job_netns.py): the job itself cannot release its lease or speak for other clients.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, DHCP_MARK)
         s.bind((bind_ip, 68))
         return s
 

@@ -167,7 +167,7 @@ def fake_networker(tmp: str, monkeypatch, **cfg_overrides) -> tuple[JobNetworker
         monkeypatch.setattr(mod, "links", _fake_links(k))
     monkeypatch.setattr(sweep_mod, "IPRoute", contextlib.nullcontext)
     monkeypatch.setattr(jobnet_mod.shaping, "apply", lambda *a: k.step("shaping.apply"))
-    monkeypatch.setattr(jobnet_mod.job_netns, "block_inbound", lambda *a: k.step("job_netns.block_inbound"))
+    monkeypatch.setattr(jobnet_mod.job_netns, "secure", lambda *a, **kw: k.step("job_netns.secure"))
     monkeypatch.setattr(jobnet_mod, "mtu", SimpleNamespace(for_job=lambda ipr, cfg, network_type: cfg.job_mtu or 1500))
     monkeypatch.setattr(jobnet_mod.dns, "setup_job", lambda *a: k.step("dns.setup_job"))
     fw = FakeFirewall(cfg, k)

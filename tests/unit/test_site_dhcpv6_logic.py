@@ -53,8 +53,8 @@ def test_bridge_pre_address_rules_add_dhcpv6_client_messages_only_for_dhcpv6():
 def test_inbound_filter_admits_dhcpv6_replies_only_with_the_client(monkeypatch):
     seen = []
     monkeypatch.setattr(job_netns.libnft, "run_in_netns", lambda fd, rules: seen.append(rules) or (0, "", ""))
-    job_netns.block_inbound(3, "1.0")
-    job_netns.block_inbound(3, "1.0", True)
+    job_netns.secure(3, "1.0", block_inbound=True)
+    job_netns.secure(3, "1.0", block_inbound=True, dhcpv6_client=True)
     assert "dport 546" not in seen[0]
     # Inside the input chain (before its closing brace), with the drop policy kept.
     chain = seen[1].split("chain input", 1)[1].rsplit("  }\n}", 1)[0]

@@ -1,34 +1,58 @@
-"""A stateful filter inside a job's own netns, for modes where the host cannot track the job's connections
-(bridged frames, and this machine's kernel has no bridge conntrack). The job cannot change it: its netns
-belongs to the initial user namespace and the job has no CAP_NET_ADMIN there.
+"""The filter inside a job's own netns. The job cannot change it: its netns belongs to the initial user namespace
+and the job has no CAP_NET_ADMIN there.
+
+Two parts. Every job gets the output chain: only larkd's own DHCP client messages leave the job's netns (a job that
+speaks DHCP to the site's server could release its own lease and keep the address, so the server hands it to
+another host, or take addresses for clients that do not exist). With InboundConnectivity off, the input chain is a
+stateful "no new inbound" filter, for modes where the host cannot track the job's connections (bridged frames, on
+kernels without bridge conntrack, and a NAT job's connections from the EP host itself).
 """
 from __future__ import annotations
 
 from ...errors import LarkError
 from . import libnft
 
-RULES = """table inet lark_job {
-  chain input {
+# Set with SO_MARK on larkd's DHCPv4 socket (kernel/dhcp.py). Setting a mark needs CAP_NET_ADMIN or CAP_NET_RAW in
+# the user namespace that owns the job's netns, which no job process has: a job's own messages carry none.
+DHCP_MARK = 0x4C4B0043
+
+# The site's DHCPv6 server answers larkd's dhcpcd (renewals go to a multicast group) from a unicast address:
+# conntrack cannot tie that answer to the request. Port 546 is privileged: no job process can bind it, so this
+# reaches dhcpcd only (which checks the transaction id and the server's DUID).
+DHCPV6_REPLIES = "    meta nfproto ipv6 udp sport 547 udp dport 546 accept\n"
+
+# DHCP client messages to a server or relay (port 67; DHCPv6: 547, in either family) leave only from larkd: its
+# DHCPv4 socket by its mark, dhcpcd (DHCPv6) by its source port 546, which only root can bind. Dropped in output,
+# a job's send fails at once with EPERM.
+OUTPUT = f"""  chain output {{
+    type filter hook output priority 0; policy accept;
+    udp dport 67 meta mark != {DHCP_MARK:#x} drop
+    udp dport 547 udp sport != 546 drop
+  }}
+"""
+
+INPUT = """  chain input {
     type filter hook input priority 0; policy drop;
     iif "lo" accept
     ct state established,related accept
     meta l4proto icmp icmp type { destination-unreachable, time-exceeded, parameter-problem } accept
     meta l4proto ipv6-icmp accept
-  }
-}
 """
 
 
-# The site's DHCPv6 server answers larkd's dhcpcd (renewals go to a multicast group) from a unicast address:
-# conntrack cannot tie that answer to the request. Port 546 is privileged: no job process can bind it, so this
-# reaches dhcpcd only (which checks the transaction id and the server's DUID).
-DHCPV6_REPLIES = '    meta nfproto ipv6 udp sport 547 udp dport 546 accept\n'
+def rules(block_inbound: bool, dhcpv6_client: bool = False) -> str:
+    """The job netns's table: the DHCP guard, and the inbound filter when asked (with larkd's DHCPv6 client in the
+    netns, admitting the DHCPv6 server's answers)."""
+    chains = OUTPUT
+    if block_inbound:
+        chains += INPUT + (DHCPV6_REPLIES if dhcpv6_client else "") + "  }\n"
+    return "table inet lark_job {\n" + chains + "}\n"
 
 
-def block_inbound(ns_fd: int, job: str, dhcpv6_client: bool = False) -> None:
-    """No new connections into the job; replies to its own connections pass (and, with larkd's DHCPv6
-    client in the netns, the DHCPv6 server's answers)."""
-    rules = RULES.replace("  }\n}\n", DHCPV6_REPLIES + "  }\n}\n") if dhcpv6_client else RULES
-    rc, _, err = libnft.run_in_netns(ns_fd, rules)
+def secure(ns_fd: int, job: str, *, block_inbound: bool, dhcpv6_client: bool = False) -> None:
+    """Put the job netns's filter in place (before the job runs)."""
+    rc, _, err = libnft.run_in_netns(ns_fd, rules(block_inbound, dhcpv6_client))
     if rc != 0:
-        raise LarkError(f"nft failed: {err.strip()[:300]}", job=job, obj="inbound filter in the job's netns")
+        what = "DHCP guard and inbound filter" if block_inbound else "DHCP guard"
+        raise LarkError(f"nft failed: {err.strip()[:300]}", job=job, obj=f"{what} in the job's netns",
+                        fix="check that nftables works in the job's netns (lark doctor)")
