@@ -11,13 +11,26 @@ job's history keeps the last periodic push and larkd's finished record keeps the
 For the job not to overwrite them, the schedd and shadow must refuse the job's own updates of these attributes:
 list them in PROTECTED_JOB_ATTRS on the access point (docs/design.md, "Threat model"); larkd's identity (root on
 the EP) must be a QUEUE_SUPER_USER there.
+
+Cost at the schedd (issue 23 item 10): a push sends only the attributes whose value changed since the schedd last
+took this job's figures (the plan's once, counters and rates while they move, nothing when nothing moved), the
+schedd's address is looked up once, and pushes run on one thread in order of urgency (`PushQueue`): the exit
+barrier's before the periodic ones. htcondor2 (25.x) edits one attribute per call and has no transaction;
+`condor_qedit`, which sets many in one, always marks them dirty, and the schedd then sends them to the job's shadow,
+which writes NetworkInputMb/NetworkOutputMb (on its own update list) back later with what it merged, possibly
+an older value than larkd's last. So larkd edits through htcondor2 without that flag.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import itertools
 import logging
+import queue
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +57,10 @@ def job_attributes(stats: dict) -> dict[str, str]:
         for attr, key in (("NetworkIncomingBytes", "bytes_in"), ("NetworkOutgoingBytes", "bytes_out"),
                           ("NetworkIncomingPackets", "packets_in"), ("NetworkOutgoingPackets", "packets_out")):
             attrs[attr] = str(int(usage.get(key, 0)))
+        # HTCondor's own figures (the starter's docker_proc.cpp: bytes / (1000 * 1000)), from the same bytes, so
+        # pool tools that read only these see what Lark counted.
+        for attr, key in (("NetworkInputMb", "bytes_in"), ("NetworkOutputMb", "bytes_out")):
+            attrs[attr] = megabytes(int(usage.get(key, 0)))
         for attr, key in (("NetworkIncomingAvgRate", "avg_in_bps"), ("NetworkOutgoingAvgRate", "avg_out_bps"),
                           ("NetworkIncomingPeakRate", "peak_in_bps"), ("NetworkOutgoingPeakRate", "peak_out_bps")):
             attrs[attr] = f"{float(usage.get(key, 0.0)):.1f}"
@@ -53,6 +70,12 @@ def job_attributes(stats: dict) -> dict[str, str]:
         import socket
         attrs["LarkFiguresBy"] = '"' + socket.gethostname().replace("\\", "").replace('"', "") + '"'
     return attrs
+
+
+def megabytes(n_bytes: int) -> str:
+    """A byte count as HTCondor's NetworkInputMb/NetworkOutputMb literal: MB of 1,000,000 bytes, six decimals (every
+    byte shows, so the figure converts back to the exact NetworkIncomingBytes/NetworkOutgoingBytes)."""
+    return f"{n_bytes / 1_000_000:.6f}"
 
 
 def schedd_of(global_job_id: str) -> str:
@@ -70,23 +93,31 @@ class Pending:
 
 class AdPusher:
     def __init__(self, retry_seconds: float = 600.0, edit: Callable[[str, str, dict[str, str]], None] | None = None,
-                 hold: Callable[[str, str, str], None] | None = None):
+                 hold: Callable[[str, str, str], None] | None = None, between: Callable[[], None] = lambda: None):
         self.retry_seconds = retry_seconds
+        self.between = between  # run before each retried final push: urgent pushes (barriers) go first
         self.edit = edit or htcondor_edit
         self.hold_at = hold or htcondor_hold
         self.pending: dict[str, Pending] = {}   # key -> a final push not yet accepted
-        # key -> (job id, its counters in the last push its schedd took): a final push that would say the same
-        # is not sent (after the exit barrier's push the job usually leaves the queue before teardown)
-        self.last_counters: dict[str, tuple[str, dict[str, str]]] = {}
+        # key -> (job id, the attributes its schedd holds from larkd): a push sends only what differs, and a final
+        # push whose counters are these is not sent (after the exit barrier's push the job usually leaves the
+        # queue before teardown)
+        self.taken: dict[str, tuple[str, dict[str, str]]] = {}
         self._warned: dict[str, float] = {}
 
     def push(self, key: str, global_job_id: str, job_id: str, stats: dict) -> bool:
-        """Push what larkd's `stats` answer says about a job; False (logged at most once a minute) on failure."""
+        """Push what larkd's `stats` answer says about a job: the attributes its schedd does not hold yet, in one
+        edit (none when it holds them all). False (logged at most once a minute) on failure."""
         attrs = job_attributes(stats)
         if not attrs or not global_job_id:
             return False
+        held_job, held = self.taken.get(key, ("", {}))
+        held = held if held_job == job_id else {}
+        changed = {a: v for a, v in attrs.items() if held.get(a) != v}
+        if not changed:
+            return True
         try:
-            self.edit(schedd_of(global_job_id), job_id, attrs)
+            self.edit(schedd_of(global_job_id), job_id, changed)
         except Exception as e:  # the schedd may be down or the job gone: never fatal for larkd
             now = time.monotonic()
             # Per job, not per slot: the failures of a slot's previous job (gone from the queue) must not hide
@@ -96,7 +127,7 @@ class AdPusher:
                 log.warning("could not push figures of job %s to schedd %s: %s", job_id,
                             schedd_of(global_job_id) or "(local)", e)
             return False
-        self.last_counters[key] = (job_id, counters(attrs))
+        self.taken[key] = (job_id, {**held, **changed})
         return True
 
     def hold(self, global_job_id: str, job_id: str, reason: str) -> bool:
@@ -111,12 +142,12 @@ class AdPusher:
     def push_final(self, key: str, global_job_id: str, job_id: str, summary: dict) -> bool:
         """The job's final figures; kept and retried by retry_pending() if the schedd does not take them now."""
         stats = {"finished": summary, "plan": {}}
-        last_job, last = self.last_counters.pop(key, ("", {}))
-        if last_job == job_id and last and last == counters(job_attributes(stats)):
+        last_job, last = self.taken.pop(key, ("", {}))
+        if last_job == job_id and counters(last) and counters(last) == counters(job_attributes(stats)):
             self.pending.pop(key, None)
             return True   # its schedd already has these counters (the exit barrier's push)
         if self.push(key, global_job_id, job_id, stats):
-            self.last_counters.pop(key, None)
+            self.taken.pop(key, None)
             self.pending.pop(key, None)
             return True
         self.pending[key] = Pending(global_job_id, job_id, job_attributes(stats),
@@ -124,8 +155,10 @@ class AdPusher:
         return False
 
     def retry_pending(self) -> None:
+        """Final pushes the schedd did not take yet."""
         now = time.monotonic()
         for key, p in list(self.pending.items()):
+            self.between()
             if now > p.until:
                 log.warning("gave up pushing the final figures of job %s; they stay in larkd's finished records",
                             p.job_id)
@@ -146,16 +179,33 @@ def counters(attrs: dict[str, str]) -> dict[str, str]:
     return {a: attrs[a] for a in COUNTERS if a in attrs}
 
 
-def htcondor_edit(schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:
-    """Set attributes of one job at its schedd, in one transaction (htcondor2, as root)."""
-    import classad2
+_schedd_locations: dict[str, Any] = {}  # schedd name ("" the local one) -> its location ad from the collector
+
+
+def schedd_at(schedd_name: str) -> Any:
+    """The htcondor2 Schedd of this name, located once (not one collector query per push); a failed edit forgets
+    the location, so a schedd that moved is looked up again."""
     import htcondor2 as ht
-    coll = ht.Collector()
-    loc = coll.locate(ht.DaemonType.Schedd, schedd_name) if schedd_name else coll.locate(ht.DaemonType.Schedd)
-    schedd = ht.Schedd(loc)
-    for attr, literal in attrs.items():
-        if schedd.edit(job_id, attr, classad2.ExprTree(literal)) < 1:
-            raise LookupError(f"the schedd no longer holds job {job_id}")
+    loc = _schedd_locations.get(schedd_name)
+    if loc is None:
+        coll = ht.Collector()
+        loc = coll.locate(ht.DaemonType.Schedd, schedd_name) if schedd_name else coll.locate(ht.DaemonType.Schedd)
+        _schedd_locations[schedd_name] = loc
+    return ht.Schedd(loc)
+
+
+def htcondor_edit(schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:
+    """Set attributes of one job at its schedd (htcondor2, as root). htcondor2 takes one attribute per edit; its
+    default flags do not mark them dirty, so the job's shadow is not sent them (see the module's docstring)."""
+    import classad2
+    try:
+        schedd = schedd_at(schedd_name)
+        for attr, literal in attrs.items():
+            if schedd.edit(job_id, attr, classad2.ExprTree(literal)) < 1:
+                raise LookupError(f"the schedd no longer holds job {job_id}")
+    except Exception:
+        _schedd_locations.pop(schedd_name, None)
+        raise
 
 
 def htcondor_hold(schedd_name: str, job_id: str, reason: str) -> None:
@@ -165,8 +215,67 @@ def htcondor_hold(schedd_name: str, job_id: str, reason: str) -> None:
     undefined), so quotes and backslashes are replaced."""
     reason = reason.replace('"', "'").replace("\\", "/")
     import htcondor2 as ht
-    coll = ht.Collector()
-    loc = coll.locate(ht.DaemonType.Schedd, schedd_name) if schedd_name else coll.locate(ht.DaemonType.Schedd)
-    result = ht.Schedd(loc).act(ht.JobAction.Hold, job_id, reason=(reason, HOLD_SUBCODE_SETUP_FAILED))
+    try:
+        result = schedd_at(schedd_name).act(ht.JobAction.Hold, job_id, reason=(reason, HOLD_SUBCODE_SETUP_FAILED))
+    except Exception:
+        _schedd_locations.pop(schedd_name, None)
+        raise
     if int(result.get("TotalSuccess", 0)) < 1:
         raise LookupError(f"the schedd did not hold job {job_id}: {result}")
+
+
+URGENT, ROUTINE = 0, 1  # PushQueue priorities: the exit barrier's push, then everything else
+
+
+class PushQueue(concurrent.futures.Executor):
+    """One thread for every edit at the schedds, taking the most urgent work first (FIFO among equals): a job's
+    exit barrier waits at most for the edit in progress, not for the periodic pushes of every other job (issue 23
+    item 10: neighbours looping on `push` delayed barriers past the wrapper's 30 s). One thread keeps a job's
+    pushes from overtaking each other; a push reads its job's counters when it runs, so one that runs later never
+    carries older figures. `submit` is ROUTINE (what `loop.run_in_executor` uses)."""
+
+    def __init__(self, name: str = "lark-push"):
+        self._work: queue.PriorityQueue[tuple[int, int, Callable[[], None]]] = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        return self.submit_at(ROUTINE, fn, *args, **kwargs)
+
+    def submit_at(self, priority: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # handed to whoever waits on the future, like ThreadPoolExecutor does
+                future.set_exception(e)
+        self._work.put((priority, next(self._order), run))
+        return future
+
+    def run_urgent(self) -> None:
+        """Run the URGENT work queued now, in the push thread, from inside a long ROUTINE task (between the jobs
+        of a periodic round), so that a barrier does not wait for the whole round."""
+        if threading.current_thread() is not self._thread:
+            return
+        while True:
+            try:
+                priority, order, run = self._work.get_nowait()
+            except queue.Empty:
+                return
+            if priority != URGENT:
+                self._work.put((priority, order, run))  # back in its place: same priority and order
+                return
+            run()
+
+    def _serve(self) -> None:
+        while True:
+            _, _, run = self._work.get()
+            run()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """The thread is a daemon that ends with larkd; queued edits are dropped with the process (the final
+        figures stay in larkd's finished records)."""

@@ -24,7 +24,7 @@ from .metrics import Metrics, machine_mbit, node_totals
 from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.engine import decide
-from .adpush import AdPusher
+from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
 from .admission import Admission, LogLimit, RateLimit
 from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, RecordStore
@@ -34,7 +34,7 @@ from .sweep import sweep
 log = logging.getLogger("larkd")
 LISTEN_BACKLOG = 1024
 EARLY_REPUSH_S = 5.0   # a running job's second push to its schedd comes this soon after its first
-PUSH_REQUEST_MIN_S = 2.0  # a job's own `push` requests (the exit barrier) reach its schedd at most this often
+JOB_PUSH_MIN_S = 30.0  # a job's own `push` requests (other than its one exit barrier) reach its schedd this rarely
 CHECK_REUSE_SECONDS = 120.0  # PREPARE_JOB runs seconds before the wrapper; longer means something else
 
 
@@ -53,9 +53,9 @@ class Larkd:
         self.pins = PinStore(os.path.join(cfg.run_dir, "pins"))
         self.pool = concurrent.futures.ThreadPoolExecutor(cfg.setup_workers, thread_name_prefix="lark-setup")
         # Edits at the schedd wait on the network and the schedd: never in the setup workers, where a slow
-        # schedd would hold up the next jobs' setups. One thread: pushes reach the schedd in the order they were
-        # asked for, so a periodic push that read older counters never lands after the exit barrier's.
-        self.push_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lark-push")
+        # schedd would hold up the next jobs' setups. One thread, most urgent first: a job's exit barrier goes
+        # before the periodic pushes, and a push reads its counters when it runs, so none lands older figures.
+        self.push_pool = PushQueue()
         self.active: set[str] = set()          # keys with a live job or a setup in flight
         self.slot_locks: dict[str, asyncio.Lock] = {}
         self.watches: dict[str, int] = {}      # key -> pidfd of the starter
@@ -65,10 +65,11 @@ class Larkd:
         self.admission = Admission(cfg.max_connections_per_uid, cfg.max_connections_per_starter,
                                    cfg.max_connections_shared)
         self.check_limit = RateLimit(cfg.check_min_interval)  # each check queries the startd and the schedd
-        self.pusher = (AdPusher(cfg.schedd_push_retry)
+        self.pusher = (AdPusher(cfg.schedd_push_retry, between=self.push_pool.run_urgent)
                        if cfg.ad_source == "startd" and cfg.schedd_push_interval > 0 else None)
         self.pushed_at: dict[str, tuple[str, float, int]] = {}  # key -> (job id, time of its last push, pushes)
         self.push_requests: dict[str, tuple[str, float]] = {}  # key -> (job id, time of its last `push` request)
+        self.barriers: dict[str, str] = {}  # key -> the job whose exit barrier was served (once per job)
         self.log_limit = LogLimit()
         self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -224,6 +225,7 @@ class Larkd:
             wait = EARLY_REPUSH_S if pushes == 1 else self.cfg.schedd_push_interval
             if last is not None and now - last < wait:
                 continue
+            self.push_pool.run_urgent()  # a barrier asked meanwhile waits for one job's push, not the round
             if self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key)):
                 self.pushed_at[key] = (pin.job_id, now, pushes + 1)
         for key in set(self.pushed_at) - self.active:
@@ -381,7 +383,11 @@ class Larkd:
         counters now and write its figures into its ad at its schedd itself (as root), then answers; the
         starter waits for the wrapper, so the job is still in the queue and its history gets these figures. The
         wrapper only asks: it carries no figure, so a job that tampers with it can at most skip the barrier
-        (the periodic and the final push still happen)."""
+        (the periodic and the final push still happen).
+
+        The first barrier of a job is served at once and ahead of routine pushes (PushQueue). Every other
+        request, a job's own `push` or a second barrier, has a budget of one per JOB_PUSH_MIN_S per job: past it
+        the answer is a refusal that costs no counter poll and no schedd edit (issue 23 item 10)."""
         starter = peercred.starter_of(who, self.cfg.starter_paths)
         if starter is None:
             raise LarkError("only a job's own processes may ask larkd to push its figures",
@@ -392,26 +398,33 @@ class Larkd:
         if self.pusher is None or pin is None or not pin.global_job_id:
             return protocol.ok(pushed=False, reason="no schedd push for this job (ad_source or push interval)")
         now = time.monotonic()
-        # A job looping on `push` must not flood its schedd; only these requests count here, not the periodic
-        # pushes (one may have gone out just before the job ended). The barrier waits its turn instead of
-        # being refused: a job that pushed just before it ended must not cost the wrapper its barrier.
-        job, asked = self.push_requests.get(key, ("", -1e9))
-        if job == pin.job_id and now - asked < PUSH_REQUEST_MIN_S:
-            if not barrier:
-                return protocol.ok(pushed=False, reason="pushed moments ago")
-            await asyncio.sleep(PUSH_REQUEST_MIN_S - (now - asked))
-            now = time.monotonic()
-        self.push_requests[key] = (pin.job_id, now)
+        first_barrier = barrier and self.barriers.get(key) != pin.job_id
+        if first_barrier:
+            self.barriers[key] = pin.job_id
+        else:
+            job, asked = self.push_requests.get(key, ("", -1e9))
+            if job == pin.job_id and now - asked < JOB_PUSH_MIN_S:
+                wait = JOB_PUSH_MIN_S - (now - asked)
+                return protocol.ok(pushed=False, refused=True, retry_after=round(wait, 1), reason=(
+                    f"job {pin.job_id}: push refused, a job may ask for it once every {JOB_PUSH_MIN_S:g} s "
+                    f"(next in {wait:.0f} s); larkd pushes the job's figures every schedd_push_interval and at "
+                    "its end without being asked"))
+            self.push_requests[key] = (pin.job_id, now)
         pushed_job, _, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
         pushes = pushes if pushed_job == pin.job_id else 0
         if key in self.active:
             await self.loop.run_in_executor(self.pool, self.acct.poll)
-        stats = self.stats(key)
-        ok = await self.loop.run_in_executor(self.push_pool, self.pusher.push, key, pin.global_job_id, pin.job_id,
-                                             stats)
+        ok = await asyncio.wrap_future(self.push_pool.submit_at(URGENT if first_barrier else ROUTINE,
+                                                                self._push_job, key, pin))
         if ok:
             self.pushed_at[key] = (pin.job_id, now, pushes + 1)
         return protocol.ok(pushed=ok)
+
+    def _push_job(self, key: str, pin: Pin) -> bool:
+        """One job's figures to its schedd (push thread), its counters read now: a push that waited in the queue
+        carries what the job moved until it ran."""
+        assert self.pusher is not None
+        return self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key))
 
     def stats(self, key: str) -> dict:
         rec = self.records.load(key)

@@ -141,8 +141,8 @@ def test_running_jobs_are_pushed_at_first_poll_again_soon_then_every_interval_an
 
 def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_path, monkeypatch):
     """`push` (the wrapper's exit barrier): larkd reads the counters and writes the job's ad itself; a process
-    outside any job cannot ask, and a job looping on it reaches its schedd at most every 2 s. The barrier itself
-    is not refused for a push the job made moments before: it waits out the 2 s and goes."""
+    outside any job cannot ask. A job's own requests get one push per 30 s (the rest are refused before any counter
+    poll); its first barrier goes regardless of them, a second one is an ordinary request."""
     from lark.daemon.pins import Pin
     d, _ = _daemon(tmp_path, monkeypatch)
     clock = [1000.0]
@@ -164,28 +164,25 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
 
     async def flow():
         d.pushed_at["slot1"] = ("3.0", clock[0] - 0.5, 2)   # a periodic push just before: the barrier still goes
-        first = _answer(await d.dispatch({"op": "push"}, hook))
+        answers = [_answer(await d.dispatch({"op": "push"}, hook))]
         clock[0] += 1.0
-        again = _answer(await d.dispatch({"op": "push"}, hook))
-        clock[0] += 2.0
-        later = _answer(await d.dispatch({"op": "push"}, hook))
+        answers.append(_answer(await d.dispatch({"op": "push"}, hook)))
+        clock[0] += 30.0
+        answers.append(_answer(await d.dispatch({"op": "push"}, hook)))
         clock[0] += 0.5
-        barrier = _answer(await d.dispatch({"op": "push", "barrier": True}, hook))
-        return first, again, later, barrier
+        answers.append(_answer(await d.dispatch({"op": "push", "barrier": True}, hook)))
+        clock[0] += 0.5
+        answers.append(_answer(await d.dispatch({"op": "push", "barrier": True}, hook)))
+        return answers
 
-    slept = []
-
-    async def sleep(seconds):  # the loop's own clock is the patched one: time passes only here
-        slept.append(seconds)
-        clock[0] += seconds
-    monkeypatch.setattr(server_mod.asyncio, "sleep", sleep)
-    first, again, later, barrier = _run(d, flow)
-    assert first["ok"] and first["pushed"] is True and later["pushed"] is True
-    assert again["pushed"] is False and "moments ago" in again["reason"]
-    assert barrier["pushed"] is True and slept == [1.5]  # 0.5 s after the last push: it waited the other 1.5
-    # Counters read fresh for each push that went out, and those are what was pushed.
-    assert d.pushed_at["slot1"] == ("3.0", 1005.0, 5)
-    assert polls == [1000.0, 1003.0, 1005.0] and pushed == [("ap#3.0#1", "3.0", {"bytes_in": 1}),
+    first, again, later, barrier, second_barrier = _run(d, flow)
+    assert first["ok"] and first["pushed"] is True and later["pushed"] is True and barrier["pushed"] is True
+    for refused in (again, second_barrier):
+        assert refused["pushed"] is False and refused["refused"] is True and refused["retry_after"] > 0
+        assert "job 3.0" in refused["reason"] and "once every 30 s" in refused["reason"]
+    # Counters read fresh for each push that went out, and those are what was pushed; refusals read nothing.
+    assert d.pushed_at["slot1"] == ("3.0", 1031.5, 5)
+    assert polls == [1000.0, 1031.0, 1031.5] and pushed == [("ap#3.0#1", "3.0", {"bytes_in": 1}),
                                                            ("ap#3.0#1", "3.0", {"bytes_in": 2}),
                                                            ("ap#3.0#1", "3.0", {"bytes_in": 3})]
     with pytest.raises(LarkError, match="only a job's own processes may ask larkd to push"):
