@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import threading
 import time
 
@@ -25,6 +26,7 @@ from ..kernel.attach.base import AttachMode
 from ..kernel.ipam import port_pool
 from ..names import JobNames, host_mac_seed, set_process_mac_seed
 from ..plan import JobNetwork, NetworkPlan
+from ..realize.feasibility import HostProfile, check_feasible, host_profile
 from .controller_client import ControllerClient
 from .pins import merge_usage
 from .records import FinishedStore, JobRecord, RecordStore
@@ -66,12 +68,18 @@ class JobNetworker:
     def netns_path(self, key: str) -> str:
         return os.path.join(self.cfg.netns_dir, self.names(key).netns)
 
+    def host_profile(self) -> HostProfile:
+        """What this EP offers jobs: the modes made at start, the firewall backend, dhcpcd (looked up each time:
+        installing it needs no restart)."""
+        return host_profile(self.cfg, self.modes, self.fw.name, shutil.which(dhcp6.CLIENT) is not None)
+
+    def check_feasible(self, plan: NetworkPlan) -> None:
+        """PREPARE_JOB's check and setup both ask this, so they cannot disagree (lark/realize/feasibility.py)."""
+        check_feasible(plan, self.host_profile())
+
     def setup(self, plan: NetworkPlan, starter_pid: int, starter_start: int, job_pid: int,
               job_ns: int) -> JobRecord:
-        if plan.has_network and plan.network_type not in self.modes:
-            raise LarkError(f"network type {plan.network_type!r} is not available on this machine", job=plan.job_id,
-                            obj="NetworkType", fix=f"make the machine policy choose one of "
-                            f"{', '.join(self.supported_types)} (bridge needs LARK_BRIDGE_RANGE)")
+        self.check_feasible(plan)  # before the record and any kernel object: a refused job leaves nothing
         n = self.names(plan.key)
         rec = JobRecord(key=plan.key, slot=plan.slot, job_id=plan.job_id, starter_pid=starter_pid,
                         starter_start=starter_start, job_pid=job_pid, netns_inode=job_ns, netns=n.netns,
@@ -157,10 +165,7 @@ class JobNetworker:
             # The address comes from the site's router or DHCPv6 server (in _address).
             ipv6auto.prepare_job_netns(ns_fd, autoconf=self._slaac(plan, mode))
         elif plan.wants_ipv6:
-            if mode.pool6 is None:
-                raise LarkError(f"the job wants IPv6 but {mode.name} mode has no IPv6 here", job=plan.job_id,
-                                obj="IPProtocol", fix="set LARK_SUBNET6 (NAT) or LARK_BRIDGE_RANGE6 (bridged), "
-                                "or advertise IPProtocol = \"IPv4\" on this machine")
+            assert mode.pool6 is not None, "check_feasible refuses IPv6 jobs of modes without an IPv6 source"
             got.update(ipv6=mode.pool6.reserve(plan.key, plan.job_id), gateway6=mode.gateway6,
                        ipv6_prefix=mode.prefix6)
             # Before the job's device exists, so it inherits it: no DAD delay on its addresses.

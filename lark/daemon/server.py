@@ -521,7 +521,8 @@ class Larkd:
 
     async def op_check(self, who: peercred.Peer) -> bytes:
         """Decide the plan without building anything: the PREPARE_JOB hook's pre-flight, run before the job
-        exists, so a policy error puts the job on hold instead of letting it start."""
+        exists, so a policy error, or a plan this EP cannot build (realize/feasibility.py), puts the job on hold
+        instead of letting it start."""
         starter = peercred.starter_of(who, self.cfg.starter_paths)
         if starter is None:
             raise LarkError("only a job's starter hooks may ask for a pre-flight check",
@@ -536,7 +537,9 @@ class Larkd:
         decided = self.check_limit.recent(ident)
         if decided is None:
             try:
-                decided = (await self.decide_plan(starter, key)).to_dict()
+                plan = await self.decide_plan(starter, key)
+                self.net.check_feasible(plan)  # what setup would refuse, refused before the job starts
+                decided = plan.to_dict()
             except LarkError as e:
                 decided = e
             self.check_limit.remember(ident, decided)

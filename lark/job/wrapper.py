@@ -2,9 +2,11 @@
 
 The job never runs without the network it asked for: on any failure the wrapper exits 111 (EXIT_NO_NETWORK) with
 the reason on stderr and in $_CONDOR_WRAPPER_ERROR_FILE. HTCondor 25.x does not act on that file, so the job's
-hold comes from the PREPARE_JOB hook (prepare_hook.py), which checks everything knowable before the job starts;
-what is left here is a failure between that check and the setup (larkd dying in that window, address pool
-exhausted), where the job ends with exit code 111 and the reason in its stderr.
+hold comes from the PREPARE_JOB hook (prepare_hook.py), which checks everything knowable before the job starts
+(the policy, and whether this EP can build the plan: lark/realize/feasibility.py); what is left here is a failure
+between that check and the setup (larkd dying in that window, an address pool exhausted meanwhile): larkd then
+holds the job at its schedd and the wrapper waits to be vacated, or, with no schedd to ask, the job ends with exit
+code 111 and the reason in its stderr.
 
 The exit barrier: the starter treats this process as the job, so while it lives the job has not ended. The wrapper
 therefore forks the job's program, passes on every signal the starter sends, and when the program has ended asks
