@@ -7,9 +7,9 @@ import logging
 import os
 import sys
 
-from .job.client import call
 from .config import load
 from .errors import DaemonUnreachable, LarkError
+from .job.client import call
 
 log = logging.getLogger("lark")
 
@@ -60,12 +60,12 @@ def cmd_gc(args) -> int:
 
 def _offline_gc(args) -> list[str]:
     """larkd is down: sweep here, holding its lock so it cannot start halfway through."""
-    from .kernel.accounting import Accountant
-    from .daemon.server import hold_daemon_lock
-    from .kernel.firewall import make_firewall
     from .daemon.jobnet import JobNetworker
     from .daemon.records import FinishedStore, RecordStore
+    from .daemon.server import hold_daemon_lock
     from .daemon.sweep import live_record_keys, sweep
+    from .kernel.accounting import Accountant
+    from .kernel.firewall import make_firewall
 
     cfg = load(args.config)
     lock = hold_daemon_lock(cfg)
@@ -85,9 +85,9 @@ def _offline_gc(args) -> list[str]:
 
 
 def cmd_policy_explain(args) -> int:
-    from .policy.classads import read_ad
     from .config import Config
     from .names import job_key
+    from .policy.classads import read_ad
     from .policy.engine import decide
 
     cfg = load(args.config) if args.config else Config()
@@ -107,7 +107,7 @@ def cmd_policy_explain(args) -> int:
     print(f"job {plan.job_id} on {args.slot}:")
     print(f"{'field':<24} {'value':<10} decided by")
     for f in fields:
-        print(f"{f:<24} {str(getattr(plan, f)):<10} {plan.decided_by.get(sources.get(f, f), '')}")
+        print(f"{f:<24} {getattr(plan, f)!s:<10} {plan.decided_by.get(sources.get(f, f), '')}")
     return 0
 
 

@@ -160,7 +160,7 @@ class Config:
         lo, _, hi = self.inbound_ports.partition("-")
         return int(lo), int(hi or lo)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         def bad(key: str, why: str, fix: str) -> LarkError:
             return LarkError(why, obj=f"config key {key!r} (knob {knob_name(key)})", fix=fix)
 
@@ -221,14 +221,14 @@ class Config:
             raise bad("ovs_db", f"{self.ovs_db!r} is not an OVSDB remote", "e.g. unix:/var/run/openvswitch/db.sock")
         if self.bridge_range:
             try:
-                lo, hi = (ipaddress.IPv4Address(x.strip()) for x in self.bridge_range.split("-"))
+                first, last = (ipaddress.IPv4Address(x.strip()) for x in self.bridge_range.split("-"))
                 gw = ipaddress.IPv4Address(self.bridge_gateway)
                 net = ipaddress.IPv4Network(f"{gw}/{self.bridge_prefix}", strict=False)
             except ValueError as e:
                 raise bad("bridge_range", f"{self.bridge_range!r} with gateway {self.bridge_gateway!r}: {e}",
                           'write bridge_range = "192.0.2.100-192.0.2.199" and bridge_gateway = "192.0.2.1"') \
                     from None
-            if not (lo <= hi and lo in net and hi in net) or lo <= gw <= hi:
+            if not (first <= last and first in net and last in net) or first <= gw <= last:
                 raise bad("bridge_range", f"{self.bridge_range} must lie in {net} and not contain the gateway",
                           "pick a range of the bridged network that its DHCP server does not hand out")
         if self.subnet6:
@@ -464,7 +464,7 @@ def dump(cfg: Config) -> str:
     daemon_keys = {"socket", "run_dir", "state_dir", "netns_dir", "netns_prefix", "starter_paths", "ad_source",
                    "ad_dir", "poll_interval", "request_timeout", "max_request_bytes", "setup_workers",
                    "finished_keep", "callout", "callout_timeout"}
-    out = {"daemon": [], "network": []}
+    out: dict[str, list[str]] = {"daemon": [], "network": []}
     for f in dataclasses.fields(cfg):
         v = getattr(cfg, f.name)
         out["daemon" if f.name in daemon_keys else "network"].append(f"{f.name} = {_toml_value(v)}")

@@ -56,7 +56,7 @@ class NetworkPlan:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "NetworkPlan":
+    def from_dict(cls, d: dict) -> NetworkPlan:
         return cls(**_known(cls, d))
 
 
@@ -92,7 +92,7 @@ class JobNetwork:
             return getattr(addrs, name)
         return getattr(object.__getattribute__(self, "plan"), name)
 
-    def with_addresses(self, **changes) -> "JobNetwork":
+    def with_addresses(self, **changes) -> JobNetwork:
         return JobNetwork(self.plan, dataclasses.replace(self.addrs, **changes))
 
     def to_dict(self) -> dict:
@@ -100,7 +100,7 @@ class JobNetwork:
         return {**self.plan.to_dict(), **dataclasses.asdict(self.addrs)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "JobNetwork":
+    def from_dict(cls, d: dict) -> JobNetwork:
         return cls(NetworkPlan.from_dict(d), Addresses(**_known(Addresses, d)))
 
 

@@ -11,8 +11,9 @@ from .errors import LarkError
 
 try:
     import _json
+    HAVE_C_JSON = True
 except ImportError:  # pragma: no cover - CPython always has it
-    _json = None
+    HAVE_C_JSON = False
 
 
 def _unencodable(obj: object) -> object:
@@ -35,7 +36,7 @@ class _ScanContext:
 
 def dumps(obj: object) -> str:
     """json.dumps(obj, separators=(",", ":")), byte for byte."""
-    if _json is None:
+    if not HAVE_C_JSON:
         import json
         return json.dumps(obj, separators=(",", ":"))
     encode = _json.make_encoder({}, _unencodable, _json.encode_basestring_ascii, None, ":", ",", False, False, True)
@@ -44,13 +45,14 @@ def dumps(obj: object) -> str:
 
 def loads(data: bytes | str) -> object:
     """json.loads for one document (UTF-8 bytes or text); ValueError when it is not JSON."""
-    if _json is None:
+    if not HAVE_C_JSON:
         import json
         return json.loads(data)
     text = data.decode() if isinstance(data, (bytes, bytearray)) else data
     text = text.strip(" \t\n\r")
     try:
-        obj, end = _json.make_scanner(_ScanContext)(text, 0)
+        # typeshed annotates the argument as a make_scanner; the C code only reads the attributes it names.
+        obj, end = _json.make_scanner(_ScanContext)(text, 0)  # type: ignore[arg-type]
     except StopIteration:
         raise ValueError("not a JSON document") from None
     if end != len(text):

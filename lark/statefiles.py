@@ -21,10 +21,8 @@ TEMP_MARK = ".tmp."   # <name>.tmp.<pid>.<thread>: unique per writer, and the pi
 
 def atomic_write(path: str, data: str) -> None:
     tmp = f"{path}{TEMP_MARK}{os.getpid()}.{threading.get_ident()}"
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)  # a leftover of a writer that died with this pid and thread id
-    except FileNotFoundError:
-        pass
     # O_EXCL|O_NOFOLLOW: never write through a link someone planted at the temp name; 0600: state is root's.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -56,7 +54,7 @@ def private_dir(path: str, mode: int = 0o700) -> str:
 
 def remove_stale_temps(directory: str) -> list[str]:
     """Temp files of writers that died between write and rename."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(directory)
     except FileNotFoundError:

@@ -9,6 +9,7 @@ import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 from urllib.parse import unquote
 
 from ..errors import LarkError
@@ -33,7 +34,7 @@ def server_context(cfg: ControllerConfig) -> ssl.SSLContext:
 
 
 def peer_name(sock: ssl.SSLSocket) -> str:
-    cert = sock.getpeercert() or {}
+    cert: dict[str, Any] = sock.getpeercert() or {}  # its values' shapes differ by key
     for rdn in cert.get("subject", ()):
         for k, v in rdn:
             if k == "commonName":
@@ -42,7 +43,7 @@ def peer_name(sock: ssl.SSLSocket) -> str:
 
 
 class Handler(BaseHTTPRequestHandler):
-    server: "ApiServer"
+    server: ApiServer
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True   # headers and body go out as two writes: no 40 ms delayed-ACK stall between them
 

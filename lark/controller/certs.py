@@ -31,7 +31,7 @@ def _load_or_make_ca(d: Path):
                 serialization.load_pem_private_key(ca_key.read_bytes(), None))
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Lark controller CA")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
@@ -55,7 +55,8 @@ def make(directory: str, specs: list[str]) -> list[str]:
     for spec in specs:
         name, _, extra = spec.partition("=")
         if not name or not all(c.isalnum() or c in "._-" for c in name):
-            raise LarkError(f"{name!r} is not a plain name", obj=f"certificate {spec!r}", fix="use e.g. controller or ep1")
+            raise LarkError(f"{name!r} is not a plain name", obj=f"certificate {spec!r}",
+                            fix="use e.g. controller or ep1")
         sans: list[x509.GeneralName] = [x509.DNSName(name)]
         for h in filter(None, extra.split(",")):
             try:
@@ -63,7 +64,7 @@ def make(directory: str, specs: list[str]) -> list[str]:
             except ValueError:
                 sans.append(x509.DNSName(h))
         key = ec.generate_private_key(ec.SECP256R1())
-        now = datetime.datetime.now(datetime.timezone.utc)
+        now = datetime.datetime.now(datetime.UTC)
         cert = (x509.CertificateBuilder()
                 .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
                 .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import logging
 import os
 import signal
 import ssl
 import sys
-import http.client
 
 from ..errors import LarkError
 from . import certs as certs_mod
@@ -20,14 +20,14 @@ log = logging.getLogger("lark.controller")
 def run(cfg: ControllerConfig) -> int:
     # os-ken's app manager and OpenFlow server read oslo.config options; set them from our file, then start the
     # app manager ourselves (os-ken ships no launcher).
+    import os_ken.controller.controller  # noqa: F401  (registers the ofp-* options)
     from os_ken import cfg as oscfg
     from os_ken.base.app_manager import AppManager
+
     from . import ofapp
     from .api import ApiServer
     from .registry import Registry
     from .service import Controller
-
-    import os_ken.controller.controller  # noqa: F401  (registers the ofp-* options)
     oscfg.CONF(args=[], project="os_ken", default_config_files=[])
     oscfg.CONF.set_override("ofp_listen_host", cfg.openflow_host)
     if cfg.openflow_tls:

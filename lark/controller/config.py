@@ -76,7 +76,7 @@ class ControllerConfig:
                 names.add(p.slice_by)
         return sorted(names)
 
-    def validate(self) -> "ControllerConfig":
+    def validate(self) -> ControllerConfig:
         def bad(key: str, why: str, fix: str) -> LarkError:
             return LarkError(why, obj=f"controller config key {key!r}", fix=fix)
 

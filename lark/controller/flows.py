@@ -9,8 +9,21 @@ from dataclasses import dataclass
 
 from .config import ControllerConfig
 from .model import JobReg
-from .pipeline import (ETH_IP, ETH_IP6, SLICE_MASK, T_FORWARD, T_SLICE, T_SOURCE, T_WAN, WAN_DROP, WAN_MASK,
-                       WAN_SHIFT, Flow, job_ad, selected)
+from .pipeline import (
+    ETH_IP,
+    ETH_IP6,
+    SLICE_MASK,
+    T_FORWARD,
+    T_SLICE,
+    T_SOURCE,
+    T_WAN,
+    WAN_DROP,
+    WAN_MASK,
+    WAN_SHIFT,
+    Flow,
+    job_ad,
+    selected,
+)
 
 log = logging.getLogger(__name__)
 

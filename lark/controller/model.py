@@ -55,7 +55,7 @@ class JobReg:
         return asdict(self)
 
     @classmethod
-    def from_wire(cls, data: object, ep: str) -> "JobReg":
+    def from_wire(cls, data: object, ep: str) -> JobReg:
         """Validate a registration from larkd; `ep` comes from the client's certificate, never from the body."""
         if not isinstance(data, dict):
             raise LarkError("a registration must be a JSON object", obj=f"registration from {ep}")

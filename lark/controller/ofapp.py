@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
@@ -15,8 +16,8 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_3
 
 from ..errors import LarkError
-from .config import ControllerConfig
 from . import hairpin
+from .config import ControllerConfig
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
 from .registry import Entry, Registry
@@ -30,7 +31,7 @@ log = logging.getLogger("lark.controller")
 # Set by `lark-controller run` before the app manager instantiates the app (os-ken creates apps itself).
 CONFIG: ControllerConfig | None = None
 REGISTRY: Registry | None = None
-INSTANCE: "LarkSwitchApp | None" = None
+INSTANCE: LarkSwitchApp | None = None
 ALL_COOKIES = 0xFFFFFFFFFFFFFFFF
 
 
@@ -48,7 +49,7 @@ def make_limits(app: LarkSwitchApp, plan: WanPlan) -> WanMeters | WanQueues:
 
 
 class LarkSwitchApp(app_manager.OSKenApp):
-    OFP_VERSIONS = [ofproto_v1_3.OFP_VERSION]
+    OFP_VERSIONS: ClassVar[list[int]] = [ofproto_v1_3.OFP_VERSION]   # os-ken reads the class attribute
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -79,8 +80,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
             log.info("switch %016x connected from %s with ports %s", dp.id, dp.address, sorted(sw.ports))
             hub.spawn(self._switch_up, sw)
         elif ev.state == DEAD_DISPATCHER and dp.id is not None:
-            sw = self.switches.get(dp.id)
-            if sw is not None and sw.dp is dp:
+            gone = self.switches.get(dp.id)
+            if gone is not None and gone.dp is dp:
                 del self.switches[dp.id]
                 log.warning("switch %016x disconnected; its flows stay and keep working (fail-secure)", dp.id)
 
@@ -225,7 +226,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
                     sent[self._send(dp, mod)] = who
                     n += 1
             self._request(dp, dp.ofproto_parser.OFPBarrierRequest(dp), self.cfg.barrier_timeout)
-            failed = [(who, self._errors.pop((dp.id, xid))) for xid, who in sent.items() if (dp.id, xid) in self._errors]
+            failed = [(who, self._errors.pop((dp.id, xid))) for xid, who in sent.items()
+                      if (dp.id, xid) in self._errors]
             if failed:
                 raise SwitchError(f"switch {dp.id:016x} refused flows of " + "; ".join(f"{w}: {e}" for w, e in failed))
             return n

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 from . import hairpin, ofapp
 from .config import ControllerConfig
@@ -29,7 +30,7 @@ class Controller:
         self.started = time.time()
 
     @property
-    def app(self) -> "ofapp.LarkSwitchApp | None":
+    def app(self) -> ofapp.LarkSwitchApp | None:
         return ofapp.INSTANCE
 
     def _push(self, install, remove) -> dict:
@@ -68,7 +69,8 @@ class Controller:
 
     def sync(self, ep: str, jobs: list[JobReg]) -> tuple[int, dict]:
         ch = self.registry.sync(ep, jobs)
-        res = self._push(ch.install, ch.remove) if (ch.install or ch.remove) else {"switches": 0, "errors": []}
+        res: dict[str, Any] = (self._push(ch.install, ch.remove) if (ch.install or ch.remove)
+                               else {"switches": 0, "errors": []})
         if ch.install or ch.remove:
             log.info("resync from %s: %d jobs, %d (re)installed, %d removed", ep, len(jobs), len(ch.install),
                      len(ch.remove))
@@ -94,4 +96,4 @@ class Controller:
                            "eps": sorted({e.job.ep for e in entries})},
                 "uptime": time.time() - self.started, "rss_kib": _rss_kib(),
                 "attributes": self.cfg.attributes,
-                "wan_groups": app.wan.status() if getattr(app, "wan", None) is not None else []}
+                "wan_groups": app.wan.status() if app is not None and getattr(app, "wan", None) is not None else []}

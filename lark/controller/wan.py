@@ -32,6 +32,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import classad2
 
@@ -224,7 +225,7 @@ class WanPlan:
         if not self.active:
             return []
         flows = []
-        for prefix in list(site_prefixes) + ["fe80::/10", "ff00::/8"]:
+        for prefix in [*site_prefixes, "fe80::/10", "ff00::/8"]:
             net = ipaddress.ip_network(prefix)
             eth, fld = (ETH_IP, "ipv4_dst") if net.version == 4 else (ETH_IP6, "ipv6_dst")
             flows.append(Flow(T_FORWARD, P_SITE, (("eth_type", eth), (fld, (str(net.network_address),
@@ -289,16 +290,19 @@ class LimitCounters:
     def status(self, plan: WanPlan, jobs_per_limit: dict[tuple[int, int], int]) -> list[dict]:
         """Per group: its limit on the normal exit, jobs, bytes and rate now over all its ports; `ports` the same
         per WAN port (where it has a limit)."""
-        out = []
+        out: list[dict[str, Any]] = []
         with self.lock:
             for g, grp in enumerate(plan.groups):
-                ports = []
+                ports: list[dict[str, Any]] = []
                 for p in range(max(1, len(plan.wan_ports))):
                     s = [v for (_, lim), v in self.samples.items() if lim == (g, p)]
-                    row = {"port": plan.port_name(p), "rate_mbit": plan.rate_mbit((g, p)),
+                    row: dict[str, Any] = {"port": plan.port_name(p), "rate_mbit": plan.rate_mbit((g, p)),
                            "jobs": jobs_per_limit.get((g, p), 0), "bytes": sum(x.bytes for x in s),
                            "rate_now_mbit": round(sum(x.rate_mbit for x in s), 3)}
-                    row.update({"meter": meter_id(g, p)} if plan.mechanism == "meter" else {"queue": queue_id(g)})
+                    if plan.mechanism == "meter":
+                        row["meter"] = meter_id(g, p)
+                    else:
+                        row["queue"] = queue_id(g)
                     ports.append(row)
                 out.append({"group": grp.name, "mechanism": plan.mechanism, **{k: ports[0][k] for k in (
                     "meter", "queue") if k in ports[0]}, "rate_mbit": grp.rate_mbit,

@@ -35,9 +35,12 @@ import os
 import re
 import subprocess
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import LarkError
+from ..kernel.attach.ovsdb import Ovsdb
 from .wan import LimitCounters, WanPlan, queue_id
 
 log = logging.getLogger("lark.controller.wan")
@@ -227,7 +230,8 @@ def tc_show(dev: str, netns: str, *what: str, check: bool = True) -> str:
     cp = subprocess.run([*tc_argv(netns), *json_, what[0], "show", "dev", dev, *what[1:]], capture_output=True,
                         text=True, timeout=30)
     if cp.returncode and check:
-        raise LarkError(f"tc cannot read its {what[0]}{'es' if what[0].endswith('s') else 's'}: {cp.stderr.strip()}", obj=f"WAN port {dev}",
+        plural = f"{what[0]}{'es' if what[0].endswith('s') else 's'}"
+        raise LarkError(f"tc cannot read its {plural}: {cp.stderr.strip()}", obj=f"WAN port {dev}",
                         fix="run the controller on the switch host, in the WAN ports' network namespace "
                             "(or name it in [wan] tc_netns)")
     return cp.stdout
@@ -320,11 +324,10 @@ class WanQueues:
         self.app = app
         self.plan = plan
         self.counters = LimitCounters()
-        self.db = None
+        self.db: Ovsdb | None = None
         self._present: set[int] = set()   # WAN ports whose device was found (_tc_ports)
         self._bounced: set[int] = set()   # WAN ports whose packets this process made bounce through the ifb
         if app.cfg.wan_ovsdb:
-            from ..kernel.attach.ovsdb import Ovsdb
             self.db = Ovsdb(app.cfg.wan_ovsdb, tables=("Open_vSwitch", "Bridge", "Port", "QoS", "Queue"))
         self.used: set[tuple[int, int]] = set()      # limits this process made or used for a registered job
         self.leaves: dict[int, dict[int, int]] = {}  # port index -> job cookie -> its tc class minor
@@ -332,12 +335,20 @@ class WanQueues:
         self._lock = threading.RLock()
 
     # -- OVSDB ---------------------------------------------------------------------------------------------
+    def _ovsdb(self) -> Ovsdb:
+        """The switch's OVSDB, for the paths taken only when `[wan] ovsdb` names one."""
+        if self.db is None:
+            raise LarkError("Lark makes no queues without the switch's OVSDB", obj="[wan] ovsdb",
+                            fix='name the OVSDB of the switch with the WAN ports, '
+                                'e.g. "unix:/var/run/openvswitch/db.sock"')
+        return self.db
+
     def _port_row(self, p: int):
         name = self.plan.port_name(p)
-        row = next((r for r in self.db.rows("Port") if r.name == name), None)
+        row = next((r for r in self._ovsdb().rows("Port") if r.name == name), None)
         if row is None:
             raise LarkError("the switch's OVSDB has no such port", obj=f"WAN port {name}",
-                            fix=f"add it to the core bridge, or fix wan_ports / [wan] ovsdb ({self.db.remote})")
+                            fix=f"add it to the core bridge, or fix wan_ports / [wan] ovsdb ({self._ovsdb().remote})")
         return row
 
     def _lark_qos(self, p: int):
@@ -354,7 +365,7 @@ class WanQueues:
         bps = round(self.plan.rate_mbit((g, p)) * 1e6)
         return {"max-rate": str(bps), "min-rate": str(bps), "burst": str(burst_bytes(bps) * 8)}
 
-    def lark_queues(self) -> dict[tuple[int, int], object]:
+    def lark_queues(self) -> dict[tuple[int, int], Any]:
         """Lark's Queue rows in Lark's QoS rows on the WAN ports: (group, port) -> row; rows whose group is not
         configured (any more, or at another position) under the key (-1, port) list."""
         out: dict = {}
@@ -371,14 +382,14 @@ class WanQueues:
 
     def _datapath(self, p: int) -> str:
         name = self.plan.port_name(p)
-        for br in self.db.rows("Bridge"):
+        for br in self._ovsdb().rows("Bridge"):
             if any(port.name == name for port in br.ports):
                 return br.datapath_type or "system"
         return "system"
 
     def _make(self, limits: list[tuple[int, int]]) -> None:
         """One transaction: Lark's QoS on each port that lacks it, a Queue per limit; waits for ovs-vswitchd."""
-        api = self.db.api
+        api = self._ovsdb().api
         cmds = []
         for p in sorted({p for _, p in limits}):
             port = self.plan.port_name(p)
@@ -392,14 +403,14 @@ class WanQueues:
                 cmds += [qos_cmd, api.db_set("Port", port, ("qos", qos_cmd))]
             else:
                 cmds.append(api.db_add("QoS", qos.uuid, "queues", new))
-        self.db.run("Lark's WAN queues " + ", ".join(self.plan.describe(lim) for lim in limits), *cmds)
+        self._ovsdb().run("Lark's WAN queues " + ", ".join(self.plan.describe(lim) for lim in limits), *cmds)
 
-    def _remove(self, limits: list[tuple[int, int]], strays: list[tuple[int, int, object]] = ()) -> None:
+    def _remove(self, limits: list[tuple[int, int]], strays: Sequence[tuple[int, int, Any]] = ()) -> None:
         """One transaction: the queues of `limits` (and stray Lark queues: (key, port, row)), and a QoS left
         without queues (the port then has no qdisc of Lark's)."""
-        api = self.db.api
+        api = self._ovsdb().api
         have = self.lark_queues()
-        gone: dict[int, list[tuple[int, object]]] = {}
+        gone: dict[int, list[tuple[int, Any]]] = {}
         for g, p in limits:
             if (g, p) in have:
                 gone.setdefault(p, []).append((queue_id(g), have[(g, p)]))
@@ -417,7 +428,8 @@ class WanQueues:
                 cmds.append(api.db_remove("QoS", qos.uuid, "queues", *[k for k, _ in items]))
             cmds += [api.db_destroy("Queue", row.uuid) for _, row in items]
         if cmds:
-            self.db.run("removing Lark's WAN queues " + ", ".join(self.plan.describe(lim) for lim in limits), *cmds)
+            self._ovsdb().run("removing Lark's WAN queues " + ", ".join(self.plan.describe(lim) for lim in limits),
+                              *cmds)
         tc_ports = self._tc_ports() if emptied else []
         for p in emptied:
             if p in tc_ports:
@@ -454,11 +466,13 @@ class WanQueues:
                 dev = self.plan.port_name(p)
                 jobs = {}
                 for e in self.app.registry.entries():
-                    addrs, group = set(), -1
+                    addrs: set[str] = set()
+                    group = -1
                     for f in e.flows:
+                        source = WanPlan.sources(f)   # a limit flow's job address: never None for these
                         for g, pp in self.plan.limits_in([f]):
-                            if pp == p:
-                                addrs.add(WanPlan.sources(f))
+                            if pp == p and source is not None:
+                                addrs.add(source)
                                 group = g
                     if addrs:
                         jobs[e.cookie] = JobQueue(group_class(group), frozenset(addrs),
@@ -535,11 +549,11 @@ class WanQueues:
                 self.classify(everything=True)
                 self._remove([], strays)
                 log.info("removed %d WAN queues of groups no longer configured", len(strays))
-            api = self.db.api
+            api = self._ovsdb().api
             rerate = [(lim, row) for lim, row in have.items() if lim[0] >= 0
                       and dict(row.other_config) != self._queue_cfg(*lim)]
             if rerate:
-                self.db.run("re-rating Lark's WAN queues", *[api.db_set("Queue", row.uuid, (
+                self._ovsdb().run("re-rating Lark's WAN queues", *[api.db_set("Queue", row.uuid, (
                     "other_config", self._queue_cfg(*lim))) for lim, row in rerate])
                 log.info("re-rated WAN queues %s to the config", ", ".join(self.plan.describe(m) for m, _ in rerate))
         self.ensure(sw, set(self.app.registry.wan_limits_needed()))

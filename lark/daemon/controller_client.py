@@ -8,6 +8,7 @@ import json
 import logging
 import ssl
 import threading
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from ..config import Config
@@ -61,7 +62,7 @@ class ControllerClient:
         return self._ctx
 
     def _check_peer(self, sock: ssl.SSLSocket) -> None:
-        cert = sock.getpeercert() or {}
+        cert: dict[str, Any] = sock.getpeercert() or {}  # its values' shapes differ by key
         names = {v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"}
         names |= {v for k, v in cert.get("subjectAltName", ()) if k in ("DNS", "IP Address")}
         if self.cfg.controller_name not in names and self.host not in names:
@@ -74,7 +75,7 @@ class ControllerClient:
         data = json.dumps(body).encode() if body is not None else None
         for _ in range(2):
             fresh = self._conn is None
-            if fresh:
+            if self._conn is None:
                 conn = http.client.HTTPSConnection(self.host, self.port, context=self._context(),
                                                    timeout=self.cfg.controller_timeout)
                 try:
@@ -153,9 +154,9 @@ class ControllerClient:
         out = []
         for rec in self.records.all():
             live = rec.phase == "ready" or (rec.phase == "setting-up" and rec.key in self._registered)
-            if live and rec.plan.get("network_type") in BRIDGED_TYPES:
-                if rec.plan.get("ipv4") or rec.plan.get("ipv6"):
-                    out.append(registration(rec.plan, JobNames(rec.key, self.cfg.netns_prefix).job_mac))
+            if live and rec.plan.get("network_type") in BRIDGED_TYPES and (
+                    rec.plan.get("ipv4") or rec.plan.get("ipv6")):
+                out.append(registration(rec.plan, JobNames(rec.key, self.cfg.netns_prefix).job_mac))
         return out
 
     def sync(self) -> bool:

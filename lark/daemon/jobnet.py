@@ -11,18 +11,19 @@ import os
 import shutil
 import threading
 import time
+from typing import overload
 
 from pyroute2 import IPRoute
 
-from ..kernel import dhcp, dhcp6, dns, ipv6auto, links, mtu, netns, shaping
-from ..kernel.fairshare import FairShare, link_jobs, shares
-from ..kernel.firewall import job_netns
-from ..kernel.accounting import Accountant, link_reading
 from ..config import Config
 from ..errors import LarkError
-from ..kernel.firewall.base import Firewall
+from ..kernel import dhcp, dhcp6, dns, ipv6auto, links, mtu, netns, shaping
+from ..kernel.accounting import Accountant, link_reading
 from ..kernel.attach import make_modes
 from ..kernel.attach.base import AttachMode
+from ..kernel.fairshare import FairShare, link_jobs, shares
+from ..kernel.firewall import job_netns
+from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import port_pool
 from ..names import JobNames, host_mac_seed, set_process_mac_seed
 from ..plan import JobNetwork, NetworkPlan
@@ -270,6 +271,10 @@ class JobNetworker:
             log.warning("could not release DHCP lease %s of job %s: %s", lease.address, rec.job_id, e)
         self.leases.drop(key, lease.owner)
 
+    @overload
+    def _fair_rebalance(self, ipr: IPRoute, new: JobNetwork) -> JobNetwork: ...
+    @overload
+    def _fair_rebalance(self, ipr: IPRoute, new: None) -> None: ...
     def _fair_rebalance(self, ipr: IPRoute, new: JobNetwork | None) -> JobNetwork | None:
         """Hold `self.fair.lock`. Moves the running unreserved jobs to their fair share of what reservations
         leave, counting `new` (a job being set up); a fair-share `new` comes back with its own share as its

@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -84,7 +85,7 @@ class Metrics:
         for r in REASONS:
             self.failures.labels(r)   # every reason present from the start, so rate() sees the first one
         self.registry.register(LarkdCollector(records, acct, pools))
-        self.server = None
+        self.server: WSGIServer | None = None
 
     def serve(self, address: str) -> None:
         host, _, port = address.rpartition(":")

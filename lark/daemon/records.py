@@ -6,6 +6,7 @@ state_dir, which does persist.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -94,10 +95,8 @@ class FinishedStore:
     def _prune(self) -> None:
         names = sorted(n for n in os.listdir(self.dir) if n.endswith(".json"))
         for n in names[: max(0, len(names) - self.keep)]:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.dir, n))
-            except FileNotFoundError:
-                pass
 
     def all(self) -> list[dict]:
         out = []

@@ -4,28 +4,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import fcntl
 import logging
 import os
 import signal
 import sys
 import time
+from typing import Any
 
 from .. import PROTOCOL_VERSION, __version__, protocol
-from ..kernel import forwarding, netns
-from . import peercred
-from ..kernel.accounting import Accountant
-from ..policy.adsource import make_ad_source
 from ..config import Config, load
 from ..errors import LarkError
+from ..kernel import forwarding, netns
+from ..kernel.accounting import Accountant
 from ..kernel.firewall import make_firewall
-from .jobnet import JobNetworker
-from .metrics import Metrics, machine_mbit, node_totals
 from ..names import job_key
 from ..plan import NetworkPlan
+from ..policy.adsource import make_ad_source
 from ..policy.engine import decide
-from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
+from . import peercred
 from .admission import Admission, LogLimit, RateLimit
+from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
+from .jobnet import JobNetworker
+from .metrics import Metrics, machine_mbit, node_totals
 from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, RecordStore
 from .reload import reload
@@ -38,7 +40,17 @@ JOB_PUSH_MIN_S = 30.0  # a job's own `push` requests (other than its one exit ba
 CHECK_REUSE_SECONDS = 120.0  # PREPARE_JOB runs seconds before the wrapper; longer means something else
 
 
+def tag_failure(e: BaseException, reason: str, held: bool | None = None) -> None:
+    """Mark an exception on its way out of a request with its lark_failures reason, and whether larkd held the job
+    at its schedd: any exception type may carry them; the request handler reads them back with getattr."""
+    tagged: Any = e   # arbitrary attributes on an exception of any type
+    tagged.metric_reason = reason
+    if held is not None:
+        tagged.held = held
+
+
 class Larkd:
+    loop: asyncio.AbstractEventLoop   # the running event loop, from run() on
     def __init__(self, cfg: Config, config_path: str | None = None):
         self.cfg = cfg
         self.config_path = config_path  # None: HTCondor's configuration (what SIGHUP reads again)
@@ -72,7 +84,6 @@ class Larkd:
         self.barriers: dict[str, str] = {}  # key -> the job whose exit barrier was served (once per job)
         self.log_limit = LogLimit()
         self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.metrics = Metrics(self.records, self.acct, self.net.pools)   # pools are fixed at start
         self.uplink_mbit: float | None = None
 
@@ -127,7 +138,6 @@ class Larkd:
         return adopted
 
     def watch(self, key: str, pid: int, start: int) -> None:
-        assert self.loop is not None
         try:
             fd = os.pidfd_open(pid)
         except ProcessLookupError:
@@ -211,6 +221,8 @@ class Larkd:
         """Running jobs' figures into their ads at their schedds (worker thread): a job's first push comes with
         the first poll after its setup (so even a short job whose end larkd misses has figures in its history),
         then one every schedd_push_interval. Then the due retries of final pushes."""
+        if self.pusher is None:   # no pushes to schedds configured (the poller does not call this then)
+            return
         now = time.monotonic()
         for key in sorted(self.active):
             pin = self._pin(key)
@@ -276,7 +288,7 @@ class Larkd:
             admitted.append(bucket)
             try:
                 line = await asyncio.wait_for(reader.readline(), self.cfg.request_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 writer.write(protocol.error(f"request not received within {self.cfg.request_timeout} s"))
                 return
             except (ValueError, asyncio.LimitOverrunError):
@@ -310,7 +322,7 @@ class Larkd:
             try:
                 await asyncio.wait_for(writer.drain(), 2)
                 writer.close()
-            except (ConnectionError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, ConnectionError, OSError):
                 writer.transport.abort()
 
     def _log_refusal(self, who: peercred.Peer, fmt: str, *args) -> bool:
@@ -358,10 +370,7 @@ class Larkd:
             if starter is None and who.uid != 0:
                 raise LarkError("only processes of a job (or root) may ask about a job",
                                 obj=f"pid {who.pid} uid {who.uid}")
-            if starter is not None:
-                key = job_key(starter.slot)
-            else:
-                key = job_key(str(msg.get("slot", "")))
+            key = job_key(starter.slot) if starter is not None else job_key(str(msg.get("slot", "")))
             return protocol.ok(**self.stats(key))
         if op == "push":
             return await self.op_push(who, barrier=msg.get("barrier") is True)
@@ -467,19 +476,18 @@ class Larkd:
             self.active.add(key)
             try:
                 t0 = time.perf_counter()
-                rec = await self.loop.run_in_executor(self.pool, self.net.setup, plan, starter.pid, starter.start,
-                                                      who.pid, job_ns)
+                built = await self.loop.run_in_executor(self.pool, self.net.setup, plan, starter.pid, starter.start,
+                                                        who.pid, job_ns)
             except Exception as e:
                 self.active.discard(key)
-                e.metric_reason = "setup"
-                e.held = await self.hold_unnetworked(pin, e)
+                tag_failure(e, "setup", held=await self.hold_unnetworked(pin, e))
                 raise
             self.metrics.setup_seconds.labels(plan.network_type).observe(time.perf_counter() - t0)
             if key not in self.watches:
                 self.watch(key, starter.pid, starter.start)
-            log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, rec.plan["network_type"],
-                     rec.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
-            return protocol.ok(plan=rec.plan, env=env_for(rec.plan), exit_barrier=self.exit_barrier())
+            log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, built.plan["network_type"],
+                     built.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
+            return protocol.ok(plan=built.plan, env=env_for(built.plan), exit_barrier=self.exit_barrier())
 
     async def hold_unnetworked(self, pin: Pin, error: Exception) -> bool:
         """A job whose setup failed after PREPARE_JOB passed must not end as if it ran: the wrapper can only exit
@@ -564,7 +572,7 @@ class Larkd:
         try:
             return await self.loop.run_in_executor(self.pool, self.plan_for, starter, key)
         except LarkError as e:
-            e.metric_reason = "policy"   # counted under lark_failures_total{reason="policy"}
+            tag_failure(e, "policy")   # counted under lark_failures_total{reason="policy"}
             raise
 
     def plan_for(self, starter: peercred.StarterInfo, key: str):
@@ -613,10 +621,8 @@ class Larkd:
         poll.cancel()
         server.close()
         self.metrics.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
-        except FileNotFoundError:
-            pass
 
 
 def env_for(plan: dict) -> dict:

@@ -9,10 +9,10 @@ from pyroute2 import IPRoute
 from ..errors import LarkError
 from ..kernel import dhcp6, dns6, links, netns
 from ..kernel.firewall import Firewall, other_firewalls
-from . import peercred
-from .jobnet import JobNetworker
 from ..names import HOST_IF_PREFIX, JobNames, is_job_key, key_from_host_if
 from ..statefiles import remove_stale_temps
+from . import peercred
+from .jobnet import JobNetworker
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +38,15 @@ def find_orphans(net: JobNetworker, keep: set[str], others: list[Firewall] | Non
         if key not in keep:
             found.setdefault(key, []).append(what)
 
-    for key in net.records.keys():
+    for key in net.records.keys():  # noqa: SIM118 (RecordStore.keys() lists the record files: not a dict)
         add(key, "record")
     for name in netns.list_named(cfg.netns_dir, cfg.netns_prefix):
         add(name[len(cfg.netns_prefix):], f"netns {name}")
     with IPRoute() as ipr:
         for ifname in links.list_links(ipr, HOST_IF_PREFIX):
-            key = key_from_host_if(ifname)
-            if key:
-                add(key, f"link {ifname}")
+            link_key = key_from_host_if(ifname)
+            if link_key:
+                add(link_key, f"link {ifname}")
     for fw in [net.fw, *(other_firewalls(cfg) if others is None else others)]:
         for key in _keys_of(fw):
             add(key, f"{fw.name} rules")

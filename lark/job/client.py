@@ -85,6 +85,9 @@ def call(op: str, *, path: str | None = None, timeout: float = 30.0, **fields) -
         answer = protocol.loads(buf)
     except ValueError:
         raise LarkError("larkd sent an unreadable answer", obj=path) from None
+    if not isinstance(answer, dict):
+        raise LarkError(f"larkd answered with a JSON {type(answer).__name__}, not an object", obj=path,
+                        fix="larkd and the wrapper are from different versions: install the same Lark on both")
     if not answer.get("ok"):
         if answer.get("busy"):
             raise DaemonBusy(answer.get("error", "busy"), obj="larkd", fix="retry in a moment")

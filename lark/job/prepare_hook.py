@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import sys
 
+from ..errors import DaemonUnreachable, LarkError
 from .client import call_patiently
 from .nodump import nondumpable
-from ..errors import DaemonUnreachable, LarkError
 
 STATUS_UNREACHABLE = 111   # HoldReasonSubCode: larkd not running on the execution point (transient: released)
 STATUS_REFUSED = 112       # HoldReasonSubCode: larkd refused (policy error, unreadable ads, ...): stays held

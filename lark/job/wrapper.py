@@ -23,8 +23,8 @@ import _signal as signal  # the C module: `signal` imports enum, milliseconds of
 import os
 import sys
 
-from .client import call_patiently
 from ..errors import LarkError
+from .client import call_patiently
 
 EXIT_NO_NETWORK = 111
 EXIT_NOT_EXECUTED = 127

@@ -18,6 +18,7 @@ so only larkd speaks DHCP for the job, never the job itself.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import ipaddress
 import json
@@ -72,7 +73,7 @@ class Lease:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Lease":
+    def from_dict(cls, d: dict) -> Lease:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
@@ -190,7 +191,7 @@ class Client:
                 s.settimeout(left)
                 try:
                     data = s.recv(4096)
-                except socket.timeout:
+                except TimeoutError:
                     break
                 got = parse(data, self.mac)
                 if not got or got[0] != xid:
@@ -217,7 +218,7 @@ class Client:
         return lease
 
     def _until_valid(self, s: socket.socket, packet: bytes, dest: str, xid: int, want: set[int],
-                     server: str | None, address: str | None) -> tuple[str, dict, Lease | None]:
+                     server: str | None, address: str | None) -> tuple[str, dict, Lease]:
         """An exchange whose answer also passes lease validation (OFFERs are checked as leases too); a
         bad answer is ignored and the exchange goes on, within the same tries."""
         for _ in range(self.tries):
@@ -284,7 +285,5 @@ class LeaseCache:
         atomic_write(self.path(key, lease.owner), json.dumps(lease.to_dict()))
 
     def drop(self, key: str, owner: str = "") -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path(key, owner))
-        except FileNotFoundError:
-            pass

@@ -22,12 +22,14 @@ resolv.conf, so it steers the packets instead:
 """
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -141,8 +143,8 @@ class Forwarder:
 
     def running_pid(self) -> int | None:
         try:
-            pid = int(open(self.pid_file).read().strip())
-            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            pid = int(Path(self.pid_file).read_text().strip())
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             return None
         # A reused pid is not ours: the command line must name this pid file.
@@ -212,10 +214,8 @@ class Forwarder:
                     break
                 time.sleep(0.02)
             done = True
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.pid_file)
-        except FileNotFoundError:
-            pass
         own = ipr or IPRoute()
         try:
             idx = own.link_lookup(ifname=DNS_DEVICE)

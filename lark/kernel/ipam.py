@@ -6,10 +6,11 @@ with the kernel objects it described. Owners are matched against job records to 
 """
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from ..errors import LarkError
 from ..statefiles import atomic_write
@@ -81,10 +82,8 @@ class LockPool:
         return out
 
     def drop(self, item: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(item))
-        except FileNotFoundError:
-            pass
 
 
 def address_pool(ipam_dir: str, subnet: str) -> LockPool:

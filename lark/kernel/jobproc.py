@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import time
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +27,13 @@ def record_netns(directory: str, netns_path: str) -> int:
 def find(directory: str, pid_files: list[str], comm: str) -> int | None:
     """The running daemon named `comm` whose pid is in one of `pid_files` and which sits in the recorded netns."""
     try:
-        want = int(open(os.path.join(directory, "netns_inode")).read())
+        want = int(Path(directory, "netns_inode").read_text())
     except (OSError, ValueError):
         return None
     for path in pid_files:
         try:
-            pid = int(open(path).read().strip())
-            if open(f"/proc/{pid}/comm").read().strip() == comm and os.stat(f"/proc/{pid}/ns/net").st_ino == want \
+            pid = int(Path(path).read_text().strip())
+            if Path(f"/proc/{pid}/comm").read_text().strip() == comm and os.stat(f"/proc/{pid}/ns/net").st_ino == want \
                     and alive(pid):
                 return pid
         except (OSError, ValueError):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import overload
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -32,6 +33,10 @@ def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str, j
         raise LarkError(f"cannot create veth pair: {e}", job=job, obj=host_if) from None
 
 
+@overload
+def bring_up_job_side(nipr: IPRoute, job_if: str) -> int: ...
+@overload
+def bring_up_job_side(nipr: IPRoute, job_if: None) -> None: ...
 def bring_up_job_side(nipr: IPRoute, job_if: str | None) -> int | None:
     """`lo` and the job's device up (inside the job's netns); the device's index, or None without one."""
     # A new netns always has lo as index 1: one netlink round trip saved per job.

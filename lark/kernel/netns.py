@@ -5,7 +5,7 @@ import contextlib
 import ctypes
 import errno
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 from pyroute2 import IPRoute
 
@@ -150,6 +150,5 @@ def netlink_in(ns_fd: int) -> IPRoute:
 
 def write_sysctl_in(ns_fd: int, key: str, value: str) -> None:
     # /proc/sys/net follows the netns of the thread that opens the file.
-    with entered(ns_fd):
-        with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
-            f.write(value)
+    with entered(ns_fd), open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+        f.write(value)

@@ -11,8 +11,8 @@ import stat
 
 import classad2
 
-from .classads import read_ad
 from ..errors import LarkError
+from .classads import read_ad
 
 
 class FileAdSource:

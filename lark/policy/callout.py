@@ -5,8 +5,8 @@ import subprocess
 
 import classad2
 
-from .classads import parse_ad
 from ..errors import LarkError
+from .classads import parse_ad
 
 SEPARATOR = "------"
 MAX_OUTPUT = 1 << 16
@@ -40,7 +40,7 @@ def old_ad_text(ad: classad2.ClassAd, job_id: str = "?") -> str:
     raw, so a job attribute holding "\n------\nVLAN = 7" would forge the separator and machine attributes.
     Unparsed expressions escape them (\\n)."""
     lines = []
-    for name in ad.keys():
+    for name in ad:
         line = f"{name} = {ad.lookup(name)}"
         if "\n" in line or "\r" in line:
             raise LarkError("an attribute does not fit on one line", job=job_id, obj=f"attribute {name[:40]}",

@@ -17,7 +17,7 @@ def available_types(cfg: Config) -> list[str]:
         types.append("bridge")
         if shutil.which("ovs-vsctl"):
             types.append("ovs_bridge")
-    return types + ["none"]
+    return [*types, "none"]
 
 
 def make_modes(cfg: Config) -> dict[str, AttachMode]:

@@ -7,9 +7,9 @@ import threading
 from pyroute2 import IPRoute
 
 from ...config import Config
-from ..ipam import LockPool, range_pool, range_pool6
 from ...names import JobNames
 from ...plan import JobNetwork
+from ..ipam import LockPool, range_pool, range_pool6
 
 
 class AttachMode(abc.ABC):

@@ -14,11 +14,11 @@ import os
 from pyroute2 import IPRoute
 
 from ...errors import LarkError
-from ..links import take_over_uplink, wait_bridge_port_forwarding
 from ...names import JobNames
 from ...plan import JobNetwork
-from .base import BridgedMode
 from ..firewall import same_ep
+from ..links import take_over_uplink, wait_bridge_port_forwarding
+from .base import BridgedMode
 from .isolation import isolate_port
 
 log = logging.getLogger(__name__)

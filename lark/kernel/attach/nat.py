@@ -5,9 +5,9 @@ import ipaddress
 
 from pyroute2 import IPRoute
 
-from ..ipam import LockPool, address_pool, address_pool6
 from ...names import JobNames
 from ...plan import JobNetwork
+from ..ipam import LockPool, address_pool, address_pool6
 from .base import AttachMode
 
 SCOPE_LINK = 253

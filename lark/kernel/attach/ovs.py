@@ -25,10 +25,10 @@ import time
 from pyroute2 import IPRoute
 
 from ...errors import LarkError
-from ..firewall.base import run_tool
-from ..links import take_over_uplink
 from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
+from ..firewall.base import run_tool
+from ..links import take_over_uplink
 from .base import BridgedMode
 from .ovsdb import Ovsdb
 
@@ -104,7 +104,7 @@ class OvsMode(BridgedMode):
 
     def _connect_early(self) -> None:
         try:
-            self.db.api
+            self.db.connect()
         except LarkError as e:
             log.warning("%s (OVS jobs will try again)", e)
 

@@ -39,6 +39,11 @@ class Ovsdb:
 
     @property
     def api(self):
+        return self.connect()
+
+    def connect(self):
+        """The connection to the OVSDB server, made on first use (importing ovsdbapp and reading the tables takes
+        a few hundred ms): LarkError when it cannot be reached."""
         with self._lock:
             if self._api is None:
                 self._api = self._connect()
@@ -57,7 +62,8 @@ class Ovsdb:
         except Exception as e:  # ovsdbapp raises bare Exception when the server cannot be reached
             raise LarkError(f"cannot reach OVSDB: {e}", obj=f"ovs_db {self.remote}",
                             fix="start ovsdb-server and ovs-vswitchd (systemctl start openvswitch-switch), or point "
-                            "the setting that names this socket (LARK_OVS_DB, the controller's [wan] ovsdb) at it") from None
+                            "the setting that names this socket (LARK_OVS_DB, the controller's [wan] ovsdb) at it",
+                            ) from None
 
     def run(self, what: str, *commands, wait: bool = True):
         """Run commands in one transaction; the last command's result. `wait`: until ovs-vswitchd has applied it

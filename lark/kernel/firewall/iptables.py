@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import re
 
+from ...errors import LarkError
 from ...names import HOST_IF_PREFIX, KEY_PATTERN, JobNames
 from ...plan import JobNetwork
-from ...errors import LarkError
 from .. import forwarding
 from .base import Counters, Firewall, run_tool
 
@@ -133,7 +133,7 @@ class IptablesFirewall(Firewall):
                 rules.append(line("-A", chain, dev, up, *NEW, "-j", "ACCEPT"))
             if cfg.allow_job_to_job:
                 rules.append(line("-A", chain, dev, WILD, "-j", "ACCEPT"))
-            return rules + [line("-A", chain, "-j", "DROP")]
+            return [*rules, line("-A", chain, "-j", "DROP")]
 
         out = direction(f"LARK-{k}-OUT", plan.outbound, "-o")
         inn = direction(f"LARK-{k}-IN", plan.inbound, "-i")
@@ -142,7 +142,7 @@ class IptablesFirewall(Firewall):
             for proto in ("tcp", "udp"):
                 dnat.append(line("-A", f"LARK-{k}-DNAT", "-i", up, "-p", proto, "--dport", str(plan.inbound_port),
                                  "-j", "DNAT", "--to-destination", f"{plan.ipv4}:{plan.inbound_port}"))
-        jumps = {t: [] for t in ("raw", "filter", "nat")}
+        jumps: dict[str, list[str]] = {t: [] for t in ("raw", "filter", "nat")}
         for table, parent, spec, _ in self._job_jumps(names):
             jumps[table].append(line("-I", parent, "1", *spec))
         text = "\n".join([

@@ -210,7 +210,8 @@ class NftablesFirewall(Firewall):
         t, j = self.t, names.nft_id
         cmds: list[dict] = []
         for mapname, suffix in DNS_MAPS.items():
-            cmds += [{"add": {"chain": {**t, "name": f"{j}_{suffix}"}}}, {"flush": {"chain": {**t, "name": f"{j}_{suffix}"}}}]
+            dns_chain = {**t, "name": f"{j}_{suffix}"}
+            cmds += [{"add": {"chain": dns_chain}}, {"flush": {"chain": dns_chain}}]
             counter = f"{j}_out" if suffix == "dout" else f"{j}_in"
             cmds.append(self._rule(f"{j}_{suffix}", {"counter": counter}, {"accept": None}))
             cmds.append({"add": {"element": {**t, "name": mapname,
@@ -481,7 +482,8 @@ class NftablesFirewall(Firewall):
         """(table selector, listing) for each of Lark's tables that exists."""
         out = []
         for family in self._tables():
-            t = self.t if family == "inet" else self.tb if family == "bridge" else {"family": family, "table": self.table}
+            t = (self.t if family == "inet" else self.tb if family == "bridge"
+                 else {"family": family, "table": self.table})
             out.append((t, self._list("table", family, self.table)))
         return out
 
