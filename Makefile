@@ -6,7 +6,7 @@ APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-s
                 containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates \
                 dhcpcd-base
 
-.PHONY: deps test unit integration e2e e2e-pool testbed demo demo-pool demo-fake bench bench-wan clean
+.PHONY: deps lint test unit integration e2e e2e-pool testbed demo demo-pool demo-fake bench bench-wan clean
 
 deps: $(VENV)/.installed
 
@@ -21,10 +21,16 @@ $(VENV)/.installed: setup.py
 	$(VPY) -m pip install -q -e '.[test,report,controller]'
 	touch $@
 
-# The whole suite: unit, real-kernel integration, and end-to-end jobs on the HTCondor testbed (built into
-# /var/cache/lark-testbed on first use, about a minute, then reused). The testbed's namespaces and root are
-# shared: the lock keeps a second suite, demo or pool benchmark from starting it at the same time.
-test: deps
+# The gates (issue 24): ruff (ruff.toml) and mypy (mypy.ini) over lark/, zero findings. `make test` runs them first.
+lint: deps
+	$(VENV)/bin/ruff check lark
+	$(VENV)/bin/mypy
+
+# The whole suite, after the gates: unit (tests/unit/test_import_graph.py: no import cycles in lark/), real-kernel
+# integration, and end-to-end jobs on the HTCondor testbed (built into /var/cache/lark-testbed on first use, about
+# a minute, then reused). The testbed's namespaces and root are shared: the lock keeps a second suite, demo or pool
+# benchmark from starting it at the same time.
+test: deps lint
 	flock /tmp/lark-testbed.lock $(VPY) -m pytest -q -p no:cacheprovider tests
 
 unit: deps
