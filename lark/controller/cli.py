@@ -20,7 +20,6 @@ log = logging.getLogger("lark.controller")
 def run(cfg: ControllerConfig) -> int:
     # os-ken's app manager and OpenFlow server read oslo.config options; set them from our file, then start the
     # app manager ourselves (os-ken ships no launcher).
-    import os_ken.controller.controller  # noqa: F401  (registers the ofp-* options)
     from os_ken import cfg as oscfg
     from os_ken.base.app_manager import AppManager
 
@@ -28,6 +27,11 @@ def run(cfg: ControllerConfig) -> int:
     from .api import ApiServer
     from .registry import Registry
     from .service import Controller
+
+    # isort: split
+    # Only after app_manager: os-ken's controller module and app_manager import each other, and only this order
+    # works ("cannot import name 'Datapath' from partially initialized module" otherwise).
+    import os_ken.controller.controller  # noqa: F401  (registers the ofp-* options)
     oscfg.CONF(args=[], project="os_ken", default_config_files=[])
     oscfg.CONF.set_override("ofp_listen_host", cfg.openflow_host)
     if cfg.openflow_tls:
