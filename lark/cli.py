@@ -24,6 +24,8 @@ def _rate(bps: float | None) -> str:
 
 
 def cmd_status(args) -> int:
+    if args.verify:
+        return verify_status(args)
     answer = call("status", path=args.socket, timeout=10)
     jobs = answer["jobs"]
     if args.json:
@@ -42,6 +44,27 @@ def cmd_status(args) -> int:
     if not jobs:
         print("(no networked jobs)")
     return 0
+
+
+def verify_status(args) -> int:
+    """Each running job's kernel objects against larkd's record of them; exit status 1 on any drift."""
+    answer = call("verify", path=args.socket, timeout=120)
+    drift = answer["drift"]
+    if args.json:
+        print(json.dumps({k: answer[k] for k in ("jobs", "objects", "not_ready", "drift")}, indent=2, sort_keys=True))
+        return 1 if drift else 0
+    if not drift:
+        print(f"no drift: {answer['jobs']} running job(s), {answer['objects']} kernel objects as their records say"
+              + (f" ({answer['not_ready']} slot(s) setting up or tearing down, not checked)" if answer["not_ready"]
+                 else ""))
+        return 0
+    print(f"{'job':<10} {'slot':<12} {'object':<48} problem")
+    for row in drift:
+        print(f"{row['job']:<10} {row['slot']:<12} {row['object']:<48} {row['problem']}")
+        print(f"{'':<10} {'':<12} {'':<48} fix: {row['fix']}")
+    print(f"{len(drift)} object(s) drifted from their records, in {len({r['job'] for r in drift})} of "
+          f"{answer['jobs']} running job(s)", file=sys.stderr)
+    return 1
 
 
 def cmd_gc(args) -> int:
@@ -169,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("status", help="networked jobs, addresses, bytes and rates")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--verify", action="store_true", help="compare every running job's kernel objects with its "
+                   "record and list the drift (exit status 1 on any)")
     p.set_defaults(func=cmd_status)
     p = sub.add_parser("gc", help="remove objects no live job owns (safe to repeat)")
     p.add_argument("--dry-run", action="store_true", help="only list what would be removed")

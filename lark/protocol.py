@@ -59,7 +59,7 @@ def loads(data: bytes | str) -> object:
         raise ValueError("extra data after the JSON document")
     return obj
 
-OPS = {"ping", "check", "setup", "release", "stats", "push", "status", "gc", "totals"}
+OPS = {"ping", "check", "setup", "release", "stats", "push", "status", "gc", "totals", "verify"}
 
 
 def encode(msg: dict) -> bytes:

@@ -32,6 +32,7 @@ from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, RecordStore
 from .reload import reload
 from .sweep import sweep
+from .verify import report, verify_job
 
 log = logging.getLogger("larkd")
 LISTEN_BACKLOG = 1024
@@ -385,7 +386,18 @@ class Larkd:
             dry = bool(msg.get("dry_run"))
             actions = await self.loop.run_in_executor(self.pool, sweep, self.net, set(self.active), dry)
             return protocol.ok(actions=actions, dry_run=dry)
+        if op == "verify":
+            return protocol.ok(**await self.op_verify())
         raise LarkError(f"operation {op} not handled", obj="protocol")
+
+    async def op_verify(self) -> dict:
+        """`lark status --verify`: every ready job's kernel objects against its record, read-only; each slot under
+        its lock, so no setup or teardown of that slot runs while its objects are read."""
+        checks = []
+        for key in sorted(self.records.keys()):
+            async with self._lock(key):
+                checks.append(await self.loop.run_in_executor(self.pool, verify_job, self.net, key))
+        return report(checks)
 
     async def op_push(self, who: peercred.Peer, barrier: bool = False) -> bytes:
         """The exit barrier: the job's wrapper, once the job's program has ended, asks larkd to read the job's

@@ -1,6 +1,7 @@
 """veth plumbing with pyroute2: the host end stays with larkd, the job end is created inside the job's netns."""
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 from typing import overload
@@ -9,10 +10,14 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..errors import LarkError
+from .drift import Finding, drifted, present
 
 log = logging.getLogger(__name__)
 RTNH_F_ONLINK = 4
 IFA_F_NODAD = 0x02
+IFF_UP = 0x1
+VETH_FIX = ("something other than larkd deleted or changed the job's veth (`ip link del/set`, a network manager "
+            "that manages lk-* devices)")
 
 
 def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str, job_mac: str | None = None,
@@ -87,6 +92,63 @@ def add_job_address6(nipr: IPRoute, idx: int, ip6: str, prefix6: int, gateway6: 
     nipr.addr("add", index=idx, address=ip6, prefixlen=prefix6, flags=IFA_F_NODAD)
     if gateway6:
         nipr.route("add", dst="::/0", gateway=gateway6, oif=idx, flags=RTNH_F_ONLINK, family=10)
+
+
+def verify_veth(ipr: IPRoute, host_if: str, nipr: IPRoute | None,
+                job_if: str) -> tuple[list[Finding], int | None, int | None]:
+    """The pair create_veth made, both ends up and each other's peer (`nipr`: netlink in the job's netns, None when
+    that is gone); with the ends' indexes (None: missing) for the checks of what sits on them."""
+    found: list[Finding] = []
+    hits = ipr.link_lookup(ifname=host_if)
+    host_idx = hits[0] if hits else None
+    host_peer = None
+    if host_idx is None:
+        found.append(drifted(f"veth {host_if}", "the job's host-side veth is gone", VETH_FIX))
+    else:
+        link = ipr.get_links(host_idx)[0]
+        kind = link.get_nested("IFLA_LINKINFO", "IFLA_INFO_KIND")
+        host_peer = link.get_attr("IFLA_LINK")
+        if kind != "veth":
+            found.append(drifted(f"veth {host_if}", f"{host_if} is a {kind or 'plain'} device, not the job's veth",
+                                 VETH_FIX))
+        elif not link["flags"] & IFF_UP:
+            found.append(drifted(f"veth {host_if}", f"{host_if} is down", VETH_FIX))
+        else:
+            found.append(present(f"veth {host_if}"))
+    if nipr is None:
+        return found, host_idx, None
+    obj = f"veth peer {job_if} in the job's netns"
+    hits = nipr.link_lookup(ifname=job_if)
+    job_idx = hits[0] if hits else None
+    if job_idx is None:
+        found.append(drifted(obj, f"the job's end of the veth ({job_if}) is gone", VETH_FIX))
+    elif not nipr.get_links(job_idx)[0]["flags"] & IFF_UP:
+        found.append(drifted(obj, f"{job_if} is down", VETH_FIX))
+    elif host_idx is not None and host_peer != job_idx:
+        found.append(drifted(obj, f"{job_if} is not the peer of {host_if}", VETH_FIX))
+    else:
+        found.append(present(obj))
+    return found, host_idx, job_idx
+
+
+def verify_job_address(nipr: IPRoute, idx: int, dev: str, address: str, prefix: int,
+                       gateway: str | None) -> list[Finding]:
+    """What add_job_address/add_job_address6 put on the job's device: the address, and the default route via the
+    gateway when there is one."""
+    ip = ipaddress.ip_address(address)
+    family = 10 if ip.version == 6 else 2
+    fix = "something other than larkd changed addresses or routes in the job's netns (`ip netns exec ... ip addr`)"
+    have = {(ipaddress.ip_address(a.get_attr("IFA_ADDRESS")), a["prefixlen"])
+            for a in nipr.get_addr(index=idx, family=family)}
+    found = [present(f"address {address}/{prefix} on {dev}") if (ip, prefix) in have else
+             drifted(f"address {address}/{prefix} on {dev}", "the job's address is not on its device", fix)]
+    if gateway:
+        gw = ipaddress.ip_address(gateway)
+        routes = [r for r in nipr.get_routes(family=family, oif=idx) if r["dst_len"] == 0
+                  and r.get_attr("RTA_GATEWAY") and ipaddress.ip_address(r.get_attr("RTA_GATEWAY")) == gw]
+        obj = f"default route via {gateway} on {dev}"
+        found.append(present(obj) if routes else drifted(obj, "the job's default route is gone", fix))
+    return found
 
 
 def delete_link(ipr: IPRoute, ifname: str) -> bool:

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pyroute2 import IPRoute
 
 from ..errors import LarkError
+from .drift import Finding, drifted, present
 
 CLONE_NEWNET = 0x40000000
 MS_BIND = 4096
@@ -94,6 +95,18 @@ def attach(pid: int, path: str, expect_inode: int | None = None) -> None:
         detach(path)
         raise OSError(errno.ESRCH, f"pid {pid} is no longer in the network namespace that was authorised "
                                    "(the job's wrapper must wait for larkd's answer)")
+
+
+def verify_named(path: str, inode: int) -> Finding:
+    """The job's namespace is still named at `path` (attach's bind mount) and is the one that was authorised."""
+    obj = f"netns {os.path.basename(path)}"
+    if not is_mounted_netns(path):
+        return drifted(obj, f"{path} no longer names the job's namespace (unmounted or removed)",
+                       "something other than larkd ran `ip netns del` or umount on it")
+    if os.stat(path).st_ino != inode:
+        return drifted(obj, f"{path} names namespace {os.stat(path).st_ino}, not the job's {inode}",
+                       "something other than larkd mounted another namespace on the job's name")
+    return present(obj)
 
 
 def is_mounted_netns(path: str) -> bool:

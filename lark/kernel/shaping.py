@@ -14,6 +14,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..errors import LarkError
+from .drift import Finding, drifted, present
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +23,9 @@ CLASS_HANDLE = 0x10001     # 1:1, also the default class: every packet is the jo
 GSO_MAX = 65536            # veth hands TSO/GSO packets of up to 64 KiB to the qdisc
 BURST_TIME = 0.005         # seconds of traffic a bucket may hold
 MAX_RATE_MBIT = 10_000_000  # 10 Tbit/s: anything above is a typo, not a NIC
+TC_H_ROOT = 0xFFFFFFFF
+TC_FIX = ("something other than larkd ran `tc qdisc del/replace` or `tc class change` on the job's device (the job "
+          "itself cannot: it has no CAP_NET_ADMIN there)")
 
 
 @dataclass(frozen=True)
@@ -85,3 +89,32 @@ def change(ipr: IPRoute, host_index: int, nipr: IPRoute, job_index: int, limit: 
         raise LarkError(f"cannot change the limit to {limit.mbit:g} Mbit/s: {e}", job=job, obj="tc htb class 1:1",
                         fix="the job's devices may be going away; `lark status` shows whether it still runs") \
             from None
+
+
+def verify(ipr: IPRoute, host_index: int | None, host_if: str, nipr: IPRoute | None, job_index: int | None,
+           job_if: str, limit: Limit) -> list[Finding]:
+    """The limit `apply` installed (and `change` last set), on each end that still exists: HTB root 1: with class
+    1:1 at the job's rate. A missing end is the veth check's finding, not this one's."""
+    found = []
+    if host_index is not None:
+        found.append(_verify_htb(ipr, host_index, f"tc htb on {host_if} (toward the job)", limit))
+    if nipr is not None and job_index is not None:
+        found.append(_verify_htb(nipr, job_index, f"tc htb on {job_if} in the job's netns (from the job)", limit))
+    return found
+
+
+def _verify_htb(ipr: IPRoute, index: int, obj: str, limit: Limit) -> Finding:
+    roots = [q for q in ipr.get_qdiscs(index=index) if q["parent"] == TC_H_ROOT]
+    kind = roots[0].get_attr("TCA_KIND") if roots else None
+    if kind != "htb" or roots[0]["handle"] != ROOT_HANDLE:
+        return drifted(obj, f"no HTB root qdisc 1: (root is {kind or 'the default'}): the job's "
+                            f"{limit.mbit:g} Mbit/s limit is off", TC_FIX)
+    classes = [c for c in ipr.get_classes(index=index) if c["handle"] == CLASS_HANDLE]
+    if not classes:
+        return drifted(obj, f"HTB class 1:1 is gone: the job's {limit.mbit:g} Mbit/s limit is off", TC_FIX)
+    opts = classes[0].get_attr("TCA_OPTIONS")
+    rate_byte = opts.get_attr("TCA_HTB_RATE64") or opts.get_attr("TCA_HTB_PARMS")["rate"]
+    if abs(rate_byte * 8 - limit.rate_bit) >= 8:   # the kernel keeps bytes/s
+        return drifted(obj, f"HTB class 1:1 limits to {rate_byte * 8 / 1e6:g} Mbit/s, the job's limit is "
+                            f"{limit.mbit:g} Mbit/s", TC_FIX)
+    return present(obj)

@@ -14,10 +14,12 @@ from types import SimpleNamespace
 from lark.config import Config
 from lark.daemon import jobnet as jobnet_mod
 from lark.daemon import sweep as sweep_mod
+from lark.daemon import verify as verify_mod
 from lark.daemon.jobnet import JobNetworker
 from lark.daemon.records import FinishedStore, RecordStore
 from lark.kernel.accounting import Accountant
 from lark.kernel.attach.nat import NatMode
+from lark.kernel.drift import Finding, drifted, present
 from lark.kernel.firewall.base import Counters, Firewall
 from lark.names import JobNames
 
@@ -70,6 +72,11 @@ class FakeFirewall(Firewall):
     def read_counters(self) -> dict[str, Counters]:
         return {}
 
+    def verify_job(self, plan, names: JobNames) -> list[Finding]:
+        self.k.step(f"{self.name}.verify_job")
+        what = f"{self.name} rules of {names.host_if}"
+        return [present(what) if (f"fw:{self.name}", names.key) in self.k.objects else drifted(what, "gone", "fw")]
+
     def job_keys(self) -> set[str]:
         return {name for kind, name in self.k.objects if kind == f"fw:{self.name}" and name != "base"}
 
@@ -97,6 +104,11 @@ class FakeMode(NatMode):
     def job_keys(self) -> set[str]:
         return {name.rpartition("/")[2] for kind, name in self.k.objects if kind == "route"}
 
+    def verify(self, ipr, host_idx: int, plan, names: JobNames) -> list[Finding]:
+        what = f"route {plan.ipv4}"
+        there = ("route", f"{plan.ipv4}/{names.key}") in self.k.objects
+        return [present(what) if there else drifted(what, "gone", "route")]
+
 
 def _fake_netns(k: FakeKernel) -> SimpleNamespace:
     def attach(pid: int, path: str, expect_inode: int | None = None) -> None:
@@ -123,8 +135,13 @@ def _fake_netns(k: FakeKernel) -> SimpleNamespace:
     def list_named(netns_dir: str, prefix: str) -> list[str]:
         return sorted(n for kind, n in k.objects if kind == "netns" and n.startswith(prefix))
 
+    def verify_named(path: str, inode: int) -> Finding:
+        what = f"netns {os.path.basename(path)}"
+        return present(what) if ("netns", os.path.basename(path)) in k.objects else drifted(what, "gone", "netns")
+
     return SimpleNamespace(attach=attach, detach=detach, netlink_in=netlink_in, entered=entered,
-                           list_named=list_named, write_sysctl_in=lambda fd, key, value: k.step("sysctl"))
+                           list_named=list_named, write_sysctl_in=lambda fd, key, value: k.step("sysctl"),
+                           verify_named=verify_named)
 
 
 def _fake_links(k: FakeKernel) -> SimpleNamespace:
@@ -150,7 +167,13 @@ def _fake_links(k: FakeKernel) -> SimpleNamespace:
     def list_links(ipr, prefix: str) -> list[str]:
         return sorted(n for kind, n in k.objects if kind == "link" and n.startswith(prefix))
 
+    def verify_veth(ipr, host_if, nipr, job_if):
+        if ("link", host_if) not in k.objects:
+            return [drifted(f"veth {host_if}", "gone", "veth")], None, None
+        return [present(f"veth {host_if}")], 7, 2
+
     return SimpleNamespace(create_veth=create_veth, delete_link=delete_link, link_stats=link_stats,
+                           verify_veth=verify_veth, verify_job_address=lambda *a: [present(f"address {a[3]}")],
                            bring_up_job_side=lambda nipr, name: k.step("links.bring_up") or 2,
                            add_job_address=add_job_address,
                            add_job_address6=lambda *a: k.step("links.add_job_address6"), list_links=list_links)
@@ -162,10 +185,13 @@ def fake_networker(tmp: str, monkeypatch, **cfg_overrides) -> tuple[JobNetworker
     cfg = Config(run_dir=os.path.join(tmp, "run"), state_dir=os.path.join(tmp, "state"),
                  netns_dir=os.path.join(tmp, "netns"), subnet="10.77.0.0/29", **cfg_overrides).validate()
     os.makedirs(cfg.netns_dir)
-    for mod in (jobnet_mod, sweep_mod):
+    for mod in (jobnet_mod, sweep_mod, verify_mod):
         monkeypatch.setattr(mod, "netns", _fake_netns(k))
         monkeypatch.setattr(mod, "links", _fake_links(k))
     monkeypatch.setattr(sweep_mod, "IPRoute", contextlib.nullcontext)
+    monkeypatch.setattr(verify_mod, "IPRoute", contextlib.nullcontext)
+    monkeypatch.setattr(verify_mod.shaping, "verify", lambda *a: [present("tc htb")])
+    monkeypatch.setattr(verify_mod.job_netns, "verify", lambda *a, **kw: [present("job netns filter")])
     monkeypatch.setattr(jobnet_mod.shaping, "apply", lambda *a: k.step("shaping.apply"))
     monkeypatch.setattr(jobnet_mod.job_netns, "secure", lambda *a, **kw: k.step("job_netns.secure"))
     monkeypatch.setattr(jobnet_mod, "mtu", SimpleNamespace(for_job=lambda ipr, cfg, network_type: cfg.job_mtu or 1500))

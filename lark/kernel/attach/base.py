@@ -9,6 +9,7 @@ from pyroute2 import IPRoute
 from ...config import Config
 from ...names import JobNames
 from ...plan import JobNetwork
+from ..drift import Finding
 from ..ipam import LockPool, range_pool, range_pool6
 
 
@@ -62,6 +63,10 @@ class AttachMode(abc.ABC):
     def detach(self, names: JobNames) -> bool:
         """Undo what `attach` and `secure` did beyond the veth (which teardown deletes); safe to repeat."""
         return False
+
+    def verify(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> list[Finding]:
+        """What `attach` and `secure` made beyond the veth, read back without changing it (`lark status --verify`)."""
+        return []
 
     def job_keys(self) -> set[str]:
         """Keys of jobs that still have objects of this mode (for gc)."""

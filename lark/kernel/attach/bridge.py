@@ -16,10 +16,11 @@ from pyroute2 import IPRoute
 from ...errors import LarkError
 from ...names import JobNames
 from ...plan import JobNetwork
+from ..drift import Finding, drifted, present
 from ..firewall import same_ep
 from ..links import take_over_uplink, wait_bridge_port_forwarding
 from .base import BridgedMode
-from .isolation import isolate_port
+from .isolation import is_isolated, isolate_port, pinned_macs
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,29 @@ class BridgeMode(BridgedMode):
             # Frames for another job of this EP go out of the uplink (the isolated port would drop them).
             same_ep.apply(same_ep.job_cmds(self.cfg.nft_table, self.cfg.bridge_uplink, names.host_if, names.nft_id,
                                            names.job_mac, plan), f"nft netdev chains of {names.host_if}", plan.job_id)
+
+    def verify(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> list[Finding]:
+        """The port's bridge membership, and with bridge_isolate_jobs its isolation, pinned MAC and same-EP chains."""
+        fix = f"something other than larkd changed {names.host_if} (`ip link set ... nomaster`, `bridge link set`)"
+        what = f"port {names.host_if} of bridge {self.cfg.bridge_name}"
+        br = ipr.link_lookup(ifname=self.cfg.bridge_name)
+        if not br:
+            return [drifted(f"bridge {self.cfg.bridge_name}", "the bridge is gone", "something other than larkd "
+                            "deleted it; restart larkd to recreate it (every bridged job needs a new network)")]
+        if ipr.get_links(host_idx)[0].get_attr("IFLA_MASTER") != br[0]:
+            return [drifted(what, f"{names.host_if} left the bridge: the job is cut off", fix)]
+        found = [present(what)]
+        if self.cfg.bridge_isolate_jobs:
+            what = f"isolation of {what}"
+            found.append(present(what) if is_isolated(ipr, host_idx) else
+                         drifted(what, "the port is no longer isolated: the job reaches other jobs without the "
+                                       "pool's switch", fix))
+            what = f"sticky FDB entry {names.job_mac} on {names.host_if}"
+            found.append(present(what) if names.job_mac.lower() in pinned_macs(ipr, host_idx) else
+                         drifted(what, "the job's MAC is no longer pinned to its port", fix))
+            found += same_ep.verify_job(self.cfg.nft_table, self.cfg.bridge_uplink, names.host_if, names.nft_id,
+                                        names.job_mac, plan)
+        return found
 
     def detach(self, names: JobNames) -> bool:
         if self.cfg.bridge_isolate_jobs:

@@ -7,6 +7,7 @@ from pyroute2 import IPRoute
 
 from ...names import JobNames
 from ...plan import JobNetwork
+from ..drift import Finding, drifted, present
 from ..ipam import LockPool, address_pool, address_pool6
 from .base import AttachMode
 
@@ -46,3 +47,21 @@ class NatMode(AttachMode):
             # No duplicate address detection: it would hold the first packet back for about a second.
             ipr.addr("add", index=host_idx, address=self.gateway6, prefixlen=128, flags=IFA_F_NODAD)
             ipr.route("add", dst=f"{plan.ipv6}/128", oif=host_idx)
+
+    def verify(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> list[Finding]:
+        """The gateway address on the host end and the host route to each of the job's addresses."""
+        fix = f"something other than larkd changed addresses or routes of {names.host_if} (`ip addr/route del`)"
+        found = []
+        for family, addr, gateway, plen in ((2, plan.ipv4, self.gateway, 32), (10, plan.ipv6, self.gateway6, 128)):
+            if not addr or not gateway:
+                continue
+            gw, job = ipaddress.ip_address(gateway), ipaddress.ip_address(addr)
+            what = f"gateway {gateway} on {names.host_if}"
+            on_dev = {ipaddress.ip_address(a.get_attr("IFA_ADDRESS"))
+                      for a in ipr.get_addr(index=host_idx, family=family)}
+            found.append(present(what) if gw in on_dev else drifted(what, "the job's gateway address is gone", fix))
+            what = f"route {addr}/{plen} via {names.host_if}"
+            routes = [r for r in ipr.get_routes(family=family, oif=host_idx) if r["dst_len"] == plen
+                      and r.get_attr("RTA_DST") and ipaddress.ip_address(r.get_attr("RTA_DST")) == job]
+            found.append(present(what) if routes else drifted(what, "the host's route to the job is gone", fix))
+        return found

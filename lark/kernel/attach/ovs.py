@@ -27,6 +27,7 @@ from pyroute2 import IPRoute
 from ...errors import LarkError
 from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
+from ..drift import Finding, drifted, present
 from ..firewall.base import run_tool
 from ..links import take_over_uplink
 from .base import BridgedMode
@@ -213,6 +214,22 @@ class OvsMode(BridgedMode):
         c, port = cookie_of(names.key), self.db.wait_ofport(names.host_if, plan.job_id)
         flows = "".join(f"cookie={c},in_port={port},{f}\n" for f in allowlist_flows(plan, names.job_mac))
         self.ofctl("add-flows", "-", input=flows)
+
+    def verify(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> list[Finding]:
+        """The job's port on the bridge, and as many flows under its cookie as attach and secure put there."""
+        fix = ("something other than larkd changed the OVS bridge (`ovs-vsctl del-port`, `ovs-ofctl del-flows`, or "
+               "ovs-vswitchd restarted and lost the flows)")
+        what = f"OVS port {names.host_if} on {self.br}"
+        if names.host_if not in (self.db.bridge_ports(self.br) or set()):
+            return [drifted(what, "the job's port is gone from the bridge: the job is cut off", fix)]
+        flows = [*pre_address_flows(names.job_mac), *allowlist_flows(plan, names.job_mac)]
+        if plan.wants_ipv6:
+            flows += auto6_pre_address_flows(self.cfg.bridge_ipv6, names.job_mac)
+        dump = self.ofctl("dump-flows", f"cookie={cookie_of(names.key)}/-1").stdout
+        have = sum(1 for line in dump.splitlines() if "cookie=" in line)
+        what_flows = f"OpenFlow rules of {names.host_if} (cookie {cookie_of(names.key)})"
+        return [present(what), present(what_flows) if have == len(set(flows)) else
+                drifted(what_flows, f"{have} flow(s) where setup put {len(set(flows))}", fix)]
 
     def detach(self, names: JobNames) -> bool:
         """Remove the job's port and flows; safe to repeat. True when OVSDB took the port's removal."""

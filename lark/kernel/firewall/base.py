@@ -9,6 +9,7 @@ from ...config import Config
 from ...errors import LarkError
 from ...names import JobNames
 from ...plan import JobNetwork
+from ..drift import Finding
 
 
 @dataclass
@@ -48,6 +49,10 @@ class Firewall(abc.ABC):
         Returns the job's counters as read just before removal (the final reading), or None when nothing of
         the job was there.
         """
+
+    @abc.abstractmethod
+    def verify_job(self, plan: JobNetwork, names: JobNames) -> list[Finding]:
+        """What add_job made for this job, read back from the kernel without changing it (`lark status --verify`)."""
 
     @abc.abstractmethod
     def read_counters(self) -> dict[str, Counters]:

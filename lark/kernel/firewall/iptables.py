@@ -13,6 +13,7 @@ from ...errors import LarkError
 from ...names import HOST_IF_PREFIX, KEY_PATTERN, JobNames
 from ...plan import JobNetwork
 from .. import forwarding
+from ..drift import Finding, drifted, present
 from .base import Counters, Firewall, run_tool
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ BASE = [  # (table, built-in chain, our chain)
 JOB_CHAIN_RE = re.compile(rf"^LARK-({KEY_PATTERN})-(PRE|OUT|IN|DNAT)$")
 EST = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"]
 NEW = ["-m", "conntrack", "--ctstate", "NEW"]
+IPT_FIX = ("something other than larkd changed Lark's LARK-* chains (`iptables -F/-X/-D`, a firewall manager "
+           "that reloads the whole ruleset)")
 
 
 class IptablesFirewall(Firewall):
@@ -111,8 +114,14 @@ class IptablesFirewall(Firewall):
         ]
 
     def add_job(self, plan: JobNetwork, names: JobNames) -> None:
+        text = self.job_rules(plan, names)
+        if text:
+            self._restore(text, f"iptables rules of job {plan.job_id} ({names.host_if})")
+
+    def job_rules(self, plan: JobNetwork, names: JobNames) -> str:
+        """The iptables-restore text add_job applies for this job (empty: nothing): what verify_job reads back."""
         if plan.network_type == "ovs_bridge":
-            return  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
+            return ""  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
         if plan.ipv6:
             raise LarkError("IPv6 jobs need the nftables firewall backend", job=plan.job_id,
                             obj="firewall = iptables", fix="set LARK_FIREWALL = nftables")
@@ -150,7 +159,37 @@ class IptablesFirewall(Firewall):
             *jumps["raw"], "COMMIT",
             "*filter", *out, *inn, *jumps["filter"], "COMMIT",
             "*nat", *dnat, *jumps["nat"], "COMMIT", ""])
-        self._restore(text, f"iptables rules of job {plan.job_id} ({names.host_if})")
+        return text
+
+    def verify_job(self, plan: JobNetwork, names: JobNames) -> list[Finding]:
+        """The chains of job_rules with as many rules as it gives them, and its jumps into them (`iptables -C`)."""
+        want: dict[tuple[str, str], int] = {}
+        jumps: list[tuple[str, str, list[str]]] = []
+        table = ""
+        for line in self.job_rules(plan, names).splitlines():
+            if line.startswith("*"):
+                table = line[1:]
+            elif line.startswith(":"):
+                want[(table, line[1:].split()[0])] = 0
+            elif line.startswith("-A "):
+                want[(table, line.split()[1])] += 1
+            elif line.startswith("-I "):
+                _, parent, _, *spec = line.split()
+                jumps.append((table, parent, spec))
+        saved = {t: self._save(t) for t in {t for t, _ in want}}
+        found = []
+        for (table, chain), n in want.items():
+            what = f"iptables chain {table} {chain}"
+            if not any(line.startswith(f":{chain} ") for line in saved[table]):
+                found.append(drifted(what, "the chain is gone", IPT_FIX))
+                continue
+            have = sum(1 for line in saved[table] if re.match(rf"^(\[\d+:\d+\] )?-A {re.escape(chain)} ", line))
+            found.append(present(what) if have == n else drifted(what, f"{have} rule(s) where setup put {n}", IPT_FIX))
+        for table, parent, spec in jumps:
+            what = f"iptables jump {table} {parent} {' '.join(spec)}"
+            there = self._ipt(table, "-C", parent, *spec, check=False).returncode == 0
+            found.append(present(what) if there else drifted(what, "the jump into the job's chain is gone", IPT_FIX))
+        return found
 
     def remove_job(self, names: JobNames) -> Counters | None:
         found = False

@@ -9,7 +9,10 @@ kernels without bridge conntrack, and a NAT job's connections from the EP host i
 """
 from __future__ import annotations
 
+import json
+
 from ...errors import LarkError
+from ..drift import Finding, drifted, present
 from . import libnft
 
 # Set with SO_MARK on larkd's DHCPv4 socket (kernel/dhcp.py). Setting a mark needs CAP_NET_ADMIN or CAP_NET_RAW in
@@ -56,3 +59,37 @@ def secure(ns_fd: int, job: str, *, block_inbound: bool, dhcpv6_client: bool = F
         what = "DHCP guard and inbound filter" if block_inbound else "DHCP guard"
         raise LarkError(f"nft failed: {err.strip()[:300]}", job=job, obj=f"{what} in the job's netns",
                         fix="check that nftables works in the job's netns (lark doctor)")
+
+
+def verify(ns_fd: int, *, block_inbound: bool, dhcpv6_client: bool = False) -> list[Finding]:
+    """The filter `secure` put in the job's netns: each chain of `rules` there, with as many rules."""
+    rc, out, _ = libnft.run_in_netns(ns_fd, "list table inet lark_job")
+    objs = json.loads(out).get("nftables", []) if rc == 0 and out.strip() else []
+    fix = "something other than larkd ran nft in the job's netns (the job itself cannot: no CAP_NET_ADMIN there)"
+    if rc != 0:
+        return [drifted("nft table inet lark_job in the job's netns",
+                        "the job's DHCP guard (and inbound filter) are gone", fix)]
+    found = []
+    for chain, want in _chains(rules(block_inbound, dhcpv6_client)).items():
+        what = f"nft chain {chain} of table inet lark_job in the job's netns"
+        if not any(o.get("chain", {}).get("name") == chain for o in objs):
+            found.append(drifted(what, "the chain is gone", fix))
+            continue
+        have = sum(1 for o in objs if o.get("rule", {}).get("chain") == chain)
+        found.append(present(what) if have == want else drifted(what, f"{have} rule(s) where setup put {want}", fix))
+    return found
+
+
+def _chains(text: str) -> dict[str, int]:
+    """Chain name -> number of rules in the table text `rules` writes (one statement a line, after the type line)."""
+    out: dict[str, int] = {}
+    chain = None
+    for line in (raw.strip() for raw in text.splitlines()):
+        if line.startswith("chain "):
+            chain = line.split()[1]
+            out[chain] = 0
+        elif line == "}":
+            chain = None
+        elif chain and line and not line.startswith("type "):
+            out[chain] += 1
+    return out

@@ -13,7 +13,8 @@ from ...errors import LarkError
 from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
 from .. import forwarding
-from . import libnft, nftcounters
+from ..drift import Finding
+from . import libnft, nftcounters, nftverify
 from .base import Counters, Firewall
 
 log = logging.getLogger(__name__)
@@ -432,7 +433,7 @@ class NftablesFirewall(Firewall):
         if plan.network_type == "ovs_bridge":
             # Switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py). The host guard only needs
             # its MAC, in before the job runs.
-            self._apply([self._ovs_job_element("add", names)],
+            self._apply(self._ovs_job(plan, names),
                         f"nft set {OVS_JOBS} (host guard) entry of job {plan.job_id} ({names.host_if})")
             return
         if plan.network_type == "bridge":
@@ -446,6 +447,23 @@ class NftablesFirewall(Firewall):
             self._apply(self._bridge_base() + self._bridge_job(plan, names), what)
             self._bridge_base_done = True
             return
+        self._apply(self._nat_job(plan, names), f"nft rules of job {plan.job_id} ({names.host_if})")
+
+    def job_cmds(self, plan: JobNetwork, names: JobNames) -> list[dict]:
+        """The commands add_job applies for this job (without the bridge table's base): what verify_job reads back."""
+        if plan.network_type == "ovs_bridge":
+            return self._ovs_job(plan, names)
+        if plan.network_type == "bridge":
+            return self._bridge_job(plan, names)
+        return self._nat_job(plan, names)
+
+    def verify_job(self, plan: JobNetwork, names: JobNames) -> list[Finding]:
+        return nftverify.verify_cmds(self.job_cmds(plan, names))
+
+    def _ovs_job(self, plan: JobNetwork, names: JobNames) -> list[dict]:
+        return [self._ovs_job_element("add", names)]
+
+    def _nat_job(self, plan: JobNetwork, names: JobNames) -> list[dict]:
         cfg, t, j = self.cfg, self.t, names.nft_id
         c_in, c_out = f"{j}_in", f"{j}_out"
         est = _ct_state("established", "related")
@@ -476,7 +494,7 @@ class NftablesFirewall(Firewall):
         if plan.inbound and plan.inbound_port:
             cmds.append({"add": {"element": {**t, "name": "inbound", "elem": [[plan.inbound_port, plan.ipv4]]}}})
         cmds += self._dns_job(names)
-        self._apply(cmds, f"nft rules of job {plan.job_id} ({names.host_if})")
+        return cmds
 
     def _table_objs(self) -> list[tuple[dict, list[dict]]]:
         """(table selector, listing) for each of Lark's tables that exists."""

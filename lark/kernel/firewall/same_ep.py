@@ -17,7 +17,8 @@ import logging
 
 from ...errors import LarkError
 from ...plan import JobNetwork
-from . import libnft
+from ..drift import Finding
+from . import libnft, nftverify
 from .nftables import _meta, bridge_allowlist
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,11 @@ def job_cmds(table: str, uplink: str, host_if: str, nft_id: str, mac: str, plan:
         cmds.append({"add": {"rule": {**t, "chain": base, "expr": expr}}})
     cmds.append({"add": {"element": {**t, "name": SET, "elem": [mac]}}})
     return cmds
+
+
+def verify_job(table: str, uplink: str, host_if: str, nft_id: str, mac: str, plan: JobNetwork) -> list[Finding]:
+    """What job_cmds built for the job, read back (lark status --verify)."""
+    return nftverify.verify_cmds(job_cmds(table, uplink, host_if, nft_id, mac, plan))
 
 
 def apply(cmds: list[dict], what: str, job_id: str = "") -> None:
