@@ -6,6 +6,8 @@ limited by the group's rate for the steered port (meters and queues)."""
 import json
 import re
 import shutil
+import threading
+import time
 
 import pytest
 
@@ -269,13 +271,25 @@ def test_steered_traffic_gets_the_groups_queue_on_that_port(tmp_path):
         p.close()
 
 
+def group_sent_bytes(pool, port: str = "wan0") -> dict[str, int]:
+    """Bytes each group's class on a WAN port has sent so far (htb's own counter, the bytes its rate applies to),
+    keyed by the group class's id. From the text output: this iproute2 prints no JSON for classes."""
+    parents = set(job_classes(pool, port).values())
+    sent = re.findall(r"^class htb (1:[0-9a-f]+) .*\n\s*Sent (\d+) bytes", tc(pool, "-s", "class", "show", "dev", port),
+                      re.M)
+    return {handle: int(n) for handle, n in sent if handle in parents}
+
+
 def test_a_slow_groups_backlog_does_not_starve_the_fast_group(tmp_path):
     """The attack a group's own jobs can make on another group: many uploads fill their group's (slow) queue. On a
     userspace datapath every packet waiting there held the switch's one AF_PACKET send buffer, and the switch then
     dropped what it sent on every port: a 900 Mbit/s group's job fell to 12.7 Mbit/s behind 8 jobs of a 100 Mbit/s
     group. With the bounce through the ifb the fast group's job keeps its rate. The bound here is loose (half the
-    rate's goodput); how close it comes is bench/paper_wan.py's."""
-    fast, slow = 200, 20
+    rate's goodput); how close it comes is bench/paper_wan.py's.
+    The slow group's limit is read from its class's own counter over one common window of the switch's clock (the
+    iperf3 clients start at different times on a loaded machine, so the sum of their own averages could exceed the
+    rate without the queue ever doing so: it failed once at 21.9 of 20 that way)."""
+    fast, slow, seconds = 200, 20, 8.0
     p = SdnPool(str(tmp_path), policies=queue_config(tmp_path).replace("rate_mbit = 20\n", f"rate_mbit = {fast}\n")
                 .replace("rate_mbit = 8\n", f"rate_mbit = {slow}\n"))
     try:
@@ -287,10 +301,25 @@ def test_a_slow_groups_backlog_does_not_starve_the_fast_group(tmp_path):
         for name in ["c1", *others]:
             assert ok(p.register(name), p)
         assert bounces(p)
-        got = tcp_upload(p, ["c1", *others], 8)
+        slow_class = next(parent for parent in set(job_classes(p).values())
+                          if sum(1 for q in job_classes(p).values() if q == parent) == len(others))
+        result: list[list[float]] = []
+        uploads = threading.Thread(target=lambda: result.append(tcp_upload(p, ["c1", *others], seconds)))
+        uploads.start()
+        time.sleep(3.0)                       # past the server start (0.5 s) and TCP slow start
+        t0, b0 = time.monotonic(), group_sent_bytes(p)[slow_class]
+        time.sleep(seconds - 4.5)             # ends before the first client can have stopped
+        t1, b1 = time.monotonic(), group_sent_bytes(p)[slow_class]
+        uploads.join(seconds + 90)
+        assert result, "the uploads did not finish"
+        got = result[0]
+        slow_mbit = (b1 - b0) * 8 / (t1 - t0) / 1e6
         print(f"queue, cms {fast} / physics {slow} Mbit/s: cms job {got[0]:.1f}, physics jobs {sum(got[1:]):.1f} "
-              f"({' '.join(f'{x:.1f}' for x in got[1:])})")
+              f"({' '.join(f'{x:.1f}' for x in got[1:])}); the physics class sent {slow_mbit:.1f} Mbit/s in frames "
+              f"over {t1 - t0:.1f} s")
         assert got[0] >= 0.5 * fast * 0.956, f"the cms job got {got[0]:.1f} Mbit/s of its group's {fast}: starved"
-        assert sum(got[1:]) <= slow * 1.05, f"the physics jobs got {sum(got[1:]):.1f} Mbit/s through {slow}"
+        # Margin for a loaded 2-core machine: the window's ends are read by separate tc processes, and htb may
+        # send up to its burst (a few ms at this rate) beyond the rate in any window.
+        assert slow_mbit <= slow * 1.15, f"the physics class sent {slow_mbit:.1f} Mbit/s through its {slow}"
     finally:
         p.close()
