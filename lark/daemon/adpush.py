@@ -78,14 +78,9 @@ def megabytes(n_bytes: int) -> str:
     return f"{n_bytes / 1_000_000:.6f}"
 
 
-def schedd_of(global_job_id: str) -> str:
-    """The schedd's name from a GlobalJobId ("schedd#cluster.proc#qdate")."""
-    return global_job_id.split("#", 1)[0] if "#" in global_job_id else ""
-
-
 @dataclass
 class Pending:
-    global_job_id: str
+    schedd: str
     job_id: str
     attrs: dict[str, str]
     until: float
@@ -105,11 +100,12 @@ class AdPusher:
         self.taken: dict[str, tuple[str, dict[str, str]]] = {}
         self._warned: dict[str, float] = {}
 
-    def push(self, key: str, global_job_id: str, job_id: str, stats: dict) -> bool:
-        """Push what larkd's `stats` answer says about a job: the attributes its schedd does not hold yet, in one
-        edit (none when it holds them all). False (logged at most once a minute) on failure."""
+    def push(self, key: str, schedd: str, job_id: str, stats: dict) -> bool:
+        """Push what larkd's `stats` answer says about a job to `schedd`, the schedd the startd's claim names (never
+        one taken from the job's own GlobalJobId: policy/startd.py): the attributes it does not hold yet, in one
+        edit (none when it holds them all). False (logged at most once a minute) on failure or without a schedd."""
         attrs = job_attributes(stats)
-        if not attrs or not global_job_id:
+        if not attrs or not schedd:
             return False
         held_job, held = self.taken.get(key, ("", {}))
         held = held if held_job == job_id else {}
@@ -117,40 +113,43 @@ class AdPusher:
         if not changed:
             return True
         try:
-            self.edit(schedd_of(global_job_id), job_id, changed)
+            self.edit(schedd, job_id, changed)
         except Exception as e:  # the schedd may be down or the job gone: never fatal for larkd
             now = time.monotonic()
             # Per job, not per slot: the failures of a slot's previous job (gone from the queue) must not hide
             # the next job's.
             if now - self._warned.get(job_id, -1e9) > 60:
                 self._warned[job_id] = now
-                log.warning("could not push figures of job %s to schedd %s: %s", job_id,
-                            schedd_of(global_job_id) or "(local)", e)
+                log.warning("could not push figures of job %s to schedd %s: %s", job_id, schedd, e)
             return False
         self.taken[key] = (job_id, {**held, **changed})
         return True
 
-    def hold(self, global_job_id: str, job_id: str, reason: str) -> bool:
-        """Put a job on hold at its schedd (as root) with `reason`; False (logged) if the schedd would not."""
+    def hold(self, schedd: str, job_id: str, reason: str) -> bool:
+        """Put a job on hold at `schedd`, the claim's (as root), with `reason`; False (logged) if it would not."""
+        if not schedd:
+            return False
         try:
-            self.hold_at(schedd_of(global_job_id), job_id, reason)
+            self.hold_at(schedd, job_id, reason)
         except Exception as e:
-            log.warning("could not hold job %s at schedd %s: %s", job_id, schedd_of(global_job_id) or "(local)", e)
+            log.warning("could not hold job %s at schedd %s: %s", job_id, schedd, e)
             return False
         return True
 
-    def push_final(self, key: str, global_job_id: str, job_id: str, summary: dict) -> bool:
+    def push_final(self, key: str, schedd: str, job_id: str, summary: dict) -> bool:
         """The job's final figures; kept and retried by retry_pending() if the schedd does not take them now."""
         stats = {"finished": summary, "plan": {}}
         last_job, last = self.taken.pop(key, ("", {}))
         if last_job == job_id and counters(last) and counters(last) == counters(job_attributes(stats)):
             self.pending.pop(key, None)
             return True   # its schedd already has these counters (the exit barrier's push)
-        if self.push(key, global_job_id, job_id, stats):
+        if self.push(key, schedd, job_id, stats):
             self.taken.pop(key, None)
             self.pending.pop(key, None)
             return True
-        self.pending[key] = Pending(global_job_id, job_id, job_attributes(stats),
+        if not schedd:
+            return False
+        self.pending[key] = Pending(schedd, job_id, job_attributes(stats),
                                     time.monotonic() + self.retry_seconds)
         return False
 
@@ -165,7 +164,7 @@ class AdPusher:
                 self.pending.pop(key, None)
                 continue
             try:
-                self.edit(schedd_of(p.global_job_id), p.job_id, p.attrs)
+                self.edit(p.schedd, p.job_id, p.attrs)
             except Exception:
                 continue
             self.pending.pop(key, None)
@@ -179,17 +178,19 @@ def counters(attrs: dict[str, str]) -> dict[str, str]:
     return {a: attrs[a] for a in COUNTERS if a in attrs}
 
 
-_schedd_locations: dict[str, Any] = {}  # schedd name ("" the local one) -> its location ad from the collector
+_schedd_locations: dict[str, Any] = {}  # schedd name -> its location ad from the collector
 
 
 def schedd_at(schedd_name: str) -> Any:
     """The htcondor2 Schedd of this name, located once (not one collector query per push); a failed edit forgets
-    the location, so a schedd that moved is looked up again."""
+    the location, so a schedd that moved is looked up again. Always by name (the claim's): never "whichever schedd
+    the collector knows", which on a pool with several would be any of them."""
     import htcondor2 as ht
+    if not schedd_name:
+        raise LookupError("no schedd named: larkd edits a job only at the schedd its claim names")
     loc = _schedd_locations.get(schedd_name)
     if loc is None:
-        coll = ht.Collector()
-        loc = coll.locate(ht.DaemonType.Schedd, schedd_name) if schedd_name else coll.locate(ht.DaemonType.Schedd)
+        loc = ht.Collector().locate(ht.DaemonType.Schedd, schedd_name)
         _schedd_locations[schedd_name] = loc
     return ht.Schedd(loc)
 

@@ -34,7 +34,8 @@ class Pin:
     first_setup: float = field(default_factory=time.time)
     carried: dict = field(default_factory=dict)   # usage of this job's earlier networks, already torn down
     job_id: str = ""
-    global_job_id: str = ""                        # names the job's schedd, where larkd pushes its figures
+    global_job_id: str = ""                        # the job's GlobalJobId, once it agreed with its claim
+    schedd: str = ""                               # the claim's schedd (the startd's RemoteScheddName): pushes go there
 
     def same_starter(self, pid: int, start: int) -> bool:
         return (self.starter_pid, self.starter_start) == (pid, start)

@@ -23,6 +23,7 @@ from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.adsource import make_ad_source
 from ..policy.engine import decide
+from ..policy.startd import JobIdentity
 from . import peercred
 from .admission import Admission, LogLimit, RateLimit
 from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
@@ -84,7 +85,8 @@ class Larkd:
         self.push_requests: dict[str, tuple[str, float]] = {}  # key -> (job id, time of its last `push` request)
         self.barriers: dict[str, str] = {}  # key -> the job whose exit barrier was served (once per job)
         self.log_limit = LogLimit()
-        self.global_ids: dict[tuple[int, int], str] = {}   # (starter pid, start) -> GlobalJobId from its job ad
+        # (starter pid, start) -> the job's identity from its claim (policy/startd.py): where its figures go
+        self.identities: dict[tuple[int, int], JobIdentity] = {}
         self.metrics = Metrics(self.records, self.acct, self.net.pools)   # pools are fixed at start
         self.uplink_mbit: float | None = None
 
@@ -215,8 +217,8 @@ class Larkd:
             return summary
 
     def _push_final(self, pin: Pin, summary: dict | None) -> None:
-        if self.pusher is not None and summary is not None and pin.global_job_id:
-            self.pusher.push_final(pin.key, pin.global_job_id, pin.job_id, summary)
+        if self.pusher is not None and summary is not None and pin.schedd:
+            self.pusher.push_final(pin.key, pin.schedd, pin.job_id, summary)
 
     def push_running(self) -> None:
         """Running jobs' figures into their ads at their schedds (worker thread): a job's first push comes with
@@ -227,7 +229,7 @@ class Larkd:
         now = time.monotonic()
         for key in sorted(self.active):
             pin = self._pin(key)
-            if pin is None or not pin.global_job_id:
+            if pin is None or not pin.schedd:
                 continue
             job, last, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
             if job != pin.job_id:  # the slot's next job, before a poll saw the previous one end
@@ -239,7 +241,7 @@ class Larkd:
             if last is not None and now - last < wait:
                 continue
             self.push_pool.run_urgent()  # a barrier asked meanwhile waits for one job's push, not the round
-            if self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key)):
+            if self.pusher.push(key, pin.schedd, pin.job_id, self.stats(key)):
                 self.pushed_at[key] = (pin.job_id, now, pushes + 1)
         for key in set(self.pushed_at) - self.active:
             self.pushed_at.pop(key, None)
@@ -416,7 +418,7 @@ class Larkd:
                             fix="run jobs through lark-job-wrapper (condor_config.d/50-lark.conf)")
         key = job_key(starter.slot)
         pin = self._pin(key)
-        if self.pusher is None or pin is None or not pin.global_job_id:
+        if self.pusher is None or pin is None or not pin.schedd:
             return protocol.ok(pushed=False, reason="no schedd push for this job (ad_source or push interval)")
         now = time.monotonic()
         first_barrier = barrier and self.barriers.get(key) != pin.job_id
@@ -445,7 +447,7 @@ class Larkd:
         """One job's figures to its schedd (push thread), its counters read now: a push that waited in the queue
         carries what the job moved until it ran."""
         assert self.pusher is not None
-        return self.pusher.push(key, pin.global_job_id, pin.job_id, self.stats(key))
+        return self.pusher.push(key, pin.schedd, pin.job_id, self.stats(key))
 
     def stats(self, key: str) -> dict:
         rec = self.records.load(key)
@@ -483,7 +485,9 @@ class Larkd:
                 plan = await self.decide_plan(starter, key)
             pin = self.pin(starter, key, job_ns)
             pin.job_id = plan.job_id
-            pin.global_job_id = self.global_ids.pop((starter.pid, starter.start), pin.global_job_id)
+            identity = self.identities.pop((starter.pid, starter.start), None)
+            if identity is not None:   # the claim's schedd, checked against the job ad (plan.job_id is its JobId)
+                pin.schedd, pin.global_job_id = identity.schedd, identity.global_job_id
             self.pins.save(pin)
             self.active.add(key)
             try:
@@ -505,10 +509,10 @@ class Larkd:
         """A job whose setup failed after PREPARE_JOB passed must not end as if it ran: the wrapper can only exit
         (HTCondor 25.x then records the job as completed), so larkd holds it at its schedd with the reason, and the
         wrapper waits to be vacated. False when there is no schedd to ask (ad_source files) or it refused."""
-        if self.pusher is None or not pin.global_job_id:
+        if self.pusher is None or not pin.schedd:
             return False
         reason = f"Lark: job not started, its network could not be set up: {error}"
-        held = await self.loop.run_in_executor(self.push_pool, self.pusher.hold, pin.global_job_id, pin.job_id,
+        held = await self.loop.run_in_executor(self.push_pool, self.pusher.hold, pin.schedd, pin.job_id,
                                                " ".join(reason.split()))
         if held:
             log.warning("held job %s: its network could not be set up: %s", pin.job_id, error)
@@ -589,11 +593,11 @@ class Larkd:
 
     def plan_for(self, starter: peercred.StarterInfo, key: str):
         job_ad, machine_ad = self.ads.ads(starter)
-        gid = job_ad.get("GlobalJobId")
-        if isinstance(gid, str):
-            if len(self.global_ids) > 4096:  # checks whose setup never came; starters are few at a time
-                self.global_ids.clear()
-            self.global_ids[(starter.pid, starter.start)] = gid
+        identity = self.ads.identity(job_ad, machine_ad)   # LarkError if the job ad disagrees with its claim
+        if identity is not None:
+            if len(self.identities) > 4096:  # checks whose setup never came; starters are few at a time
+                self.identities.clear()
+            self.identities[(starter.pid, starter.start)] = identity
         return decide(job_ad, machine_ad, self.cfg, starter.slot, key, uplink_mbit=self.uplink_mbit)
 
     def reload_config(self) -> None:

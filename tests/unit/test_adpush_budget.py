@@ -40,9 +40,9 @@ def _daemon(tmp_path, monkeypatch, schedd):
                 1002: StarterInfo(pid=ME, start=2, slot="slot2", exe="/usr/sbin/condor_starter", argv=[])}
     monkeypatch.setattr(server_mod.peercred, "starter_of", lambda who, paths: starters.get(who.uid), raising=False)
     d.pins.save(Pin(key="slot1", starter_pid=ME, starter_start=1, netns_inode=7, job_id="4.0",
-                    global_job_id="ap#4.0#1"))
+                    global_job_id="ap#4.0#1", schedd="ap"))
     d.pins.save(Pin(key="slot2", starter_pid=ME, starter_start=2, netns_inode=8, job_id="5.0",
-                    global_job_id="ap#5.0#1"))
+                    global_job_id="ap#5.0#1", schedd="ap"))
     d.active = {"slot1", "slot2"}
     return d
 

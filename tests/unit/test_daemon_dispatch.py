@@ -11,6 +11,7 @@ from lark.daemon import server as server_mod
 from lark.daemon.peercred import Peer, StarterInfo, start_time
 from lark.errors import LarkError
 from lark.plan import NetworkPlan
+from lark.policy.startd import JobIdentity
 
 ME = os.getpid()
 
@@ -118,7 +119,7 @@ def test_running_jobs_are_pushed_at_first_poll_again_soon_then_every_interval_an
     d.pusher = FakePusher()
     monkeypatch.setattr(d, "stats", lambda key: {"key": key})
     d.pins.save(Pin(key="slot1", starter_pid=ME, starter_start=1, netns_inode=7, job_id="3.0",
-                    global_job_id="ap#3.0#1"))
+                    global_job_id="ap#3.0#1", schedd="ap"))
     d.active = {"slot1"}
 
     def poll_at(t):
@@ -134,7 +135,7 @@ def test_running_jobs_are_pushed_at_first_poll_again_soon_then_every_interval_an
     assert [t for t, _ in pushed][-2:] == [1125.0, 1126.0]
     # The slot's next job (seen before any poll noticed the first one end) is pushed at once.
     d.pins.save(Pin(key="slot1", starter_pid=ME, starter_start=2, netns_inode=8, job_id="4.0",
-                    global_job_id="ap#4.0#1"))
+                    global_job_id="ap#4.0#1", schedd="ap"))
     poll_at(1127.0)
     assert pushed[-1] == (1127.0, "4.0")
 
@@ -158,7 +159,7 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
     monkeypatch.setattr(d.acct, "poll", lambda: polls.append(clock[0]))
     monkeypatch.setattr(d, "stats", lambda key: {"key": key, "usage": {"bytes_in": len(polls)}})
     d.pins.save(Pin(key="slot1", starter_pid=ME, starter_start=1, netns_inode=7, job_id="3.0",
-                    global_job_id="ap#3.0#1"))
+                    global_job_id="ap#3.0#1", schedd="ap"))
     d.active = {"slot1"}
     hook = Peer(pid=ME, uid=1000, gid=1000)
 
@@ -182,9 +183,9 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
         assert "job 3.0" in refused["reason"] and "once every 30 s" in refused["reason"]
     # Counters read fresh for each push that went out, and those are what was pushed; refusals read nothing.
     assert d.pushed_at["slot1"] == ("3.0", 1031.5, 5)
-    assert polls == [1000.0, 1031.0, 1031.5] and pushed == [("ap#3.0#1", "3.0", {"bytes_in": 1}),
-                                                           ("ap#3.0#1", "3.0", {"bytes_in": 2}),
-                                                           ("ap#3.0#1", "3.0", {"bytes_in": 3})]
+    assert polls == [1000.0, 1031.0, 1031.5] and pushed == [("ap", "3.0", {"bytes_in": 1}),
+                                                           ("ap", "3.0", {"bytes_in": 2}),
+                                                           ("ap", "3.0", {"bytes_in": 3})]
     with pytest.raises(LarkError, match="only a job's own processes may ask larkd to push"):
         _run(d, lambda: d.dispatch({"op": "push"}, Peer(pid=1, uid=1000, gid=1000)))
 
@@ -207,7 +208,7 @@ def test_a_slow_schedd_does_not_hold_up_the_next_jobs_setup(tmp_path, monkeypatc
     d.pusher = SlowSchedd()
     monkeypatch.setattr(d, "stats", lambda key: {"key": key, "usage": {}})
     d.pins.save(Pin(key="slot9", starter_pid=ME, starter_start=1, netns_inode=7, job_id="2.0",
-                    global_job_id="ap#2.0#1"))
+                    global_job_id="ap#2.0#1", schedd="ap"))
 
     async def flow():
         ending = StarterInfo(pid=ME, start=start_time(ME), slot="slot9", exe="/usr/sbin/condor_starter", argv=[])
@@ -241,7 +242,8 @@ def test_a_setup_that_fails_after_the_check_holds_the_job_at_its_schedd(tmp_path
             return schedd_holds
 
     d.pusher = FakePusher()
-    d.global_ids[(ME, start_time(ME))] = "ap#3.0#1"
+    d.identities[(ME, start_time(ME))] = JobIdentity(schedd="ap", job_id="3.0", user="alice@example.net",
+                                                     global_job_id="ap#3.0#1")
 
     def broken_setup(*a, **kw):
         raise LarkError("no IPv6 pool on this execution point", job="3.0", fix="set subnet6")
@@ -249,7 +251,7 @@ def test_a_setup_that_fails_after_the_check_holds_the_job_at_its_schedd(tmp_path
     with pytest.raises(LarkError, match="no IPv6 pool") as raised:
         _run(d, lambda: d.dispatch({"op": "setup"}, Peer(pid=ME, uid=1000, gid=1000)))
     assert raised.value.held is schedd_holds
-    assert len(holds) == 1 and holds[0][:2] == ("ap#3.0#1", "3.0")
+    assert len(holds) == 1 and holds[0][:2] == ("ap", "3.0")
     assert holds[0][2].startswith("Lark: job not started, its network could not be set up: job 3.0:")
     assert "no IPv6 pool" in holds[0][2] and "\n" not in holds[0][2]
     assert d.active == set()

@@ -171,26 +171,27 @@ def test_ad_pusher_pushes_figures_and_retries_a_failed_final_push(monkeypatch):
         if fail[0]:
             raise OSError("schedd down")
     p = adpush.AdPusher(retry_seconds=60, edit=edit)
-    gid = "ap.example#43.0#1700000000"
+    schedd = "ap.example"   # the schedd the claim names (policy/startd.py)
     stats = {"usage": {"bytes_in": 123, "bytes_out": 4}, "plan": {"network_type": "nat"}}
-    assert p.push("slot1", gid, "43.0", stats) is False               # logged, not raised
+    assert p.push("slot1", schedd, "43.0", stats) is False               # logged, not raised
     fail[0] = False
-    assert p.push("slot1", gid, "43.0", stats) is True
+    assert p.push("slot1", schedd, "43.0", stats) is True
     assert calls[-1][0] == "ap.example" and calls[-1][1] == "43.0"
     assert calls[-1][2]["NetworkIncomingBytes"] == "123" and calls[-1][2]["LarkNetworkType"] == '"nat"'
     fail[0] = True
-    assert p.push_final("slot1", gid, "43.0", {"bytes_in": 999}) is False
+    assert p.push_final("slot1", schedd, "43.0", {"bytes_in": 999}) is False
     assert "slot1" in p.pending
     fail[0] = False
     p.retry_pending()
     assert calls[-1][2]["NetworkIncomingBytes"] == "999" and p.pending == {}
     # A final push the schedd never takes is given up after the retry window.
     fail[0] = True
-    p.push_final("slot2", gid, "44.0", {"bytes_in": 1})
+    p.push_final("slot2", schedd, "44.0", {"bytes_in": 1})
     p.pending["slot2"].until = 0
     p.retry_pending()
     assert p.pending == {}
     assert p.push("slot3", "", "45.0", stats) is False               # no schedd known: nothing to push
+    assert p.push_final("slot3", "", "45.0", {"bytes_in": 1}) is False and "slot3" not in p.pending
 
 
 def test_final_push_of_a_short_fair_share_job_carries_the_limit_it_ran_under():
@@ -200,17 +201,11 @@ def test_final_push_of_a_short_fair_share_job_carries_the_limit_it_ran_under():
     p = AdPusher(edit=lambda schedd, job, attrs: calls.append(attrs))
     summary = {"bytes_in": 5, "network_type": "bridge", "ipv4": "10.1.0.7", "rate_limit_mbit": 133.333,
                "owner": "alice"}
-    assert p.push_final("slot1", "ap#7.0#1", "7.0", summary) is True
+    assert p.push_final("slot1", "ap", "7.0", summary) is True
     assert calls[-1]["LarkBandwidthLimit"] == "133.333" and calls[-1]["LarkNetworkType"] == '"bridge"'
     assert calls[-1]["LarkIPv4Address"] == '"10.1.0.7"' and "Owner" not in calls[-1]
-    p.push_final("slot2", "ap#8.0#1", "8.0", {"bytes_in": 1})   # no limit (unlimited job): none pushed
+    p.push_final("slot2", "ap", "8.0", {"bytes_in": 1})   # no limit (unlimited job): none pushed
     assert "LarkBandwidthLimit" not in calls[-1]
-
-
-def test_schedd_name_from_global_job_id():
-    from lark.daemon.adpush import schedd_of
-    assert schedd_of("ap.example.org#12.3#1700000000") == "ap.example.org"
-    assert schedd_of("") == ""
 
 
 def test_callout_input_cannot_be_forged_by_a_newline_in_a_job_attribute(tmp_path):
@@ -333,15 +328,15 @@ def test_final_push_is_skipped_when_the_barrier_already_pushed_the_same_counters
     calls = []
     p = AdPusher(edit=lambda schedd, job, attrs: calls.append(dict(attrs)))
     usage = {"bytes_in": 500, "bytes_out": 7, "packets_in": 3, "packets_out": 2, "avg_in_bps": 10.0}
-    assert p.push("slot1", "ap#9.0#1", "9.0", {"usage": usage, "plan": {"network_type": "nat"}})
-    assert p.push_final("slot1", "ap#9.0#1", "9.0", dict(usage, avg_in_bps=9.5)) is True
+    assert p.push("slot1", "ap", "9.0", {"usage": usage, "plan": {"network_type": "nat"}})
+    assert p.push_final("slot1", "ap", "9.0", dict(usage, avg_in_bps=9.5)) is True
     assert len(calls) == 1 and p.pending == {}
     # Another job of the slot, or more bytes since the barrier: pushed.
-    assert p.push("slot1", "ap#9.0#1", "9.0", {"usage": usage, "plan": {}})
-    assert p.push_final("slot1", "ap#9.0#1", "9.0", dict(usage, bytes_in=600)) is True
+    assert p.push("slot1", "ap", "9.0", {"usage": usage, "plan": {}})
+    assert p.push_final("slot1", "ap", "9.0", dict(usage, bytes_in=600)) is True
     assert calls[-1]["NetworkIncomingBytes"] == "600"
-    assert p.push("slot1", "ap#9.0#1", "9.0", {"usage": usage, "plan": {}})
-    assert p.push_final("slot1", "ap#10.0#1", "10.0", usage) is True and calls[-1]["NetworkIncomingBytes"] == "500"
+    assert p.push("slot1", "ap", "9.0", {"usage": usage, "plan": {}})
+    assert p.push_final("slot1", "ap", "10.0", usage) is True and calls[-1]["NetworkIncomingBytes"] == "500"
     assert len(calls) == 5
 
 
@@ -360,13 +355,14 @@ def test_holding_a_job_names_its_schedd_and_a_refusal_is_false_not_fatal(caplog)
     from lark.daemon.adpush import AdPusher
     asked = []
     p = AdPusher(hold=lambda schedd, job, reason: asked.append((schedd, job, reason)))
-    assert p.hold("ap1.example#3.0#17", "3.0", "Lark: no network") is True
+    assert p.hold("ap1.example", "3.0", "Lark: no network") is True
     assert asked == [("ap1.example", "3.0", "Lark: no network")]
+    assert p.hold("", "3.0", "Lark: no network") is False and len(asked) == 1   # no claim's schedd: no hold
 
     def refuse(schedd, job, reason):
         raise LookupError("the schedd did not hold job 3.0")
     with caplog.at_level("WARNING"):
-        assert AdPusher(hold=refuse).hold("ap1#3.0#1", "3.0", "x") is False
+        assert AdPusher(hold=refuse).hold("ap1", "3.0", "x") is False
     assert "could not hold job 3.0 at schedd ap1" in caplog.text
 
 
