@@ -4,7 +4,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-switch iperf3 \
                 containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates \
-                dhcpcd-base
+                dhcpcd-base prometheus
 
 .PHONY: deps lint test unit integration e2e e2e-pool testbed demo demo-pool demo-fake bench bench-wan clean
 

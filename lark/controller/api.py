@@ -14,6 +14,7 @@ from urllib.parse import unquote
 
 from ..errors import LarkError
 from .config import ControllerConfig
+from .metrics import ControllerMetrics
 from .model import JobReg
 
 log = logging.getLogger("lark.controller.api")
@@ -84,8 +85,11 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as e:  # the API must answer, whatever failed
             log.exception("%s %s failed", self.command, self.path)
             code, body = 500, {"error": f"controller error: {e}"}
-        body["ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        seconds = time.perf_counter() - t0
+        body["ms"] = round(seconds * 1000, 3)
         self._reply(code, body)
+        if self.server.metrics is not None:
+            self.server.metrics.observe(self.command, code, seconds)
 
     def do_GET(self) -> None:
         if self.path == "/v1/status":
@@ -126,9 +130,10 @@ class Handler(BaseHTTPRequestHandler):
 class ApiServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, cfg: ControllerConfig, controller):
+    def __init__(self, cfg: ControllerConfig, controller, metrics: ControllerMetrics | None = None):
         self.cfg = cfg
         self.controller = controller
+        self.metrics = metrics
         self.ctx = server_context(cfg)
         super().__init__((cfg.api_host, cfg.api_port), Handler)
 

@@ -25,6 +25,7 @@ def run(cfg: ControllerConfig) -> int:
 
     from . import ofapp
     from .api import ApiServer
+    from .metrics import ControllerMetrics
     from .registry import Registry
     from .service import Controller
 
@@ -44,7 +45,12 @@ def run(cfg: ControllerConfig) -> int:
         oscfg.CONF.set_override("ofp_tcp_listen_port", cfg.openflow_port)
     registry = Registry(cfg)
     ofapp.CONFIG, ofapp.REGISTRY = cfg, registry
-    api = ApiServer(cfg, Controller(cfg, registry))
+    controller = Controller(cfg, registry)
+    metrics = None
+    if cfg.metrics_address:
+        metrics = ControllerMetrics(controller.status)
+        metrics.serve(cfg.metrics_address)
+    api = ApiServer(cfg, controller, metrics)
     api.start()
     log.info("lark-controller: OpenFlow on %s:%d%s, registration API (mutual TLS) on %s:%d, %d policies, "
              "WAN ports %s", cfg.openflow_host, cfg.openflow_port, " (TLS)" if cfg.openflow_tls else "",

@@ -65,6 +65,8 @@ class ControllerConfig:
     # [wan] tc_netns: with "queue" on a userspace datapath, the named network namespace (`ip netns`) the WAN ports
     # are in, when the controller runs on the switch host but not in that namespace; "" = the controller's own
     wan_tc_netns: str = ""
+    # [metrics] address: Prometheus metrics over HTTP at "host:port" (lark.controller.metrics); "" = off
+    metrics_address: str = ""
 
     @property
     def attributes(self) -> list[str]:
@@ -114,6 +116,11 @@ class ControllerConfig:
         if not isinstance(self.wan_tc_netns, str) or "/" in self.wan_tc_netns:
             raise bad("wan.tc_netns", f"{self.wan_tc_netns!r} is not a network namespace name",
                       'the name `ip netns list` shows for the namespace of the WAN ports, or "" for the own one')
+        if self.metrics_address:
+            host, sep, port = self.metrics_address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise bad("metrics.address", f"{self.metrics_address!r} is not host:port",
+                          'use e.g. "127.0.0.1:9814", or remove [metrics] to turn metrics off')
         if (self.wan_groups or self.wan_unmatched == "drop") and not self.site_prefixes:
             raise bad("site_prefixes", "[[wan_group]] needs to know which destinations are not the WAN",
                       'set site_prefixes = ["10.77.0.0/16"] under [switch]')
@@ -148,6 +155,7 @@ _SECTIONS = {
                "ep_ports": "ep_ports"},
     "wan": {"unmatched": "wan_unmatched", "mechanism": "wan_mechanism", "ovsdb": "wan_ovsdb",
             "tc_netns": "wan_tc_netns"},
+    "metrics": {"address": "metrics_address"},
 }
 
 
@@ -158,7 +166,7 @@ def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
             continue
         if section not in _SECTIONS or not isinstance(keys, dict):
             raise LarkError(f"unknown section [{section}]", obj="controller config",
-                            fix="use [openflow], [api], [switch], [wan], [[policy]] and [[wan_group]] "
+                            fix="use [openflow], [api], [switch], [wan], [metrics], [[policy]] and [[wan_group]] "
                                 "(docs/controller.md)")
         for key, value in keys.items():
             if key not in _SECTIONS[section]:

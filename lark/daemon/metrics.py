@@ -2,8 +2,9 @@
 startd puts in the machine ad (`lark machine-ad`, STARTD_CRON).
 
 Label cardinality stays bounded by the machine, not by the jobs it ever ran: per-slot series are labelled by
-slot only; the job id appears only in `lark_job_info`, which exists while the job runs and is gone at the next
-scrape after it ends (every per-job series is read from the live records at scrape time, nothing is kept).
+slot only; the job id, owner and accounting group appear only in `lark_job_info`, which exists while the job runs
+and is gone at the next scrape after it ends (every per-job series is read from the live records at scrape time,
+nothing is kept). packaging/prometheus/lark-rules.yml joins it to the per-slot series for per-owner/group figures.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 from ..errors import LarkError
 from ..kernel.accounting import Accountant
 from ..kernel.ipam import LockPool
+from ..plan import NETWORK_TYPES
 from .records import RecordStore
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,11 @@ class LarkdCollector(Collector):
                 rate.add_metric([rec.slot, direction], u.get(f"rate_{direction}_bps", 0.0))
             if rec.plan.get("rate_limit_mbit"):
                 limit.add_metric([rec.slot], float(rec.plan["rate_limit_mbit"]) * 1e6)
+            # owner and accounting_group let Prometheus sum bytes per user and group (packaging/prometheus)
             info.add_metric([rec.slot], {"job_id": rec.job_id, "global_job_id": rec.plan.get("global_job_id") or "",
-                                         "network_type": rec.plan.get("network_type") or ""})
+                                         "network_type": rec.plan.get("network_type") or "",
+                                         "owner": rec.plan.get("owner") or "",
+                                         "accounting_group": rec.plan.get("accounting_group") or ""})
         yield from (bytes_, packets, rate, limit, info)
         yield GaugeMetricFamily("lark_active_jobs", "Jobs with a network right now", value=len(recs))
         free = GaugeMetricFamily("lark_pool_free", "Free entries in each address or port pool", labels=["pool"])
@@ -84,6 +89,8 @@ class Metrics:
                                 registry=self.registry)
         for r in REASONS:
             self.failures.labels(r)   # every reason present from the start, so rate() sees the first one
+        for t in NETWORK_TYPES:       # likewise the first setup of each type (the setup-time quantile rules)
+            self.setup_seconds.labels(t)
         self.registry.register(LarkdCollector(records, acct, pools))
         self.server: WSGIServer | None = None
 

@@ -70,7 +70,7 @@ def test_metrics_follow_a_real_job_and_forget_it_when_it_ends(fakehost_factory):
     assert value(now, "lark_job_packets_total", slot="slot1", direction="in") == status["packets_in"] > 0
     assert value(now, "lark_job_limit_bps", slot="slot1") == 200e6
     assert value(now, "lark_job_info", slot="slot1", job_id="41.0", global_job_id="sub#41.0#1",
-                 network_type="nat") == 1
+                 network_type="nat", owner="alice", accounting_group="") == 1
     assert value(now, "lark_active_jobs") == 1
     assert value(now, "lark_setup_seconds_count", network_type="nat") == 1
     assert 0 < value(now, "lark_setup_seconds_sum", network_type="nat") < 10
