@@ -13,7 +13,7 @@ deps: $(VENV)/.installed
 $(VENV)/.installed: setup.py
 	@command -v nft >/dev/null && command -v iptables >/dev/null && command -v gcc >/dev/null \
 	  && command -v dnsmasq >/dev/null && command -v debootstrap >/dev/null && test -x /usr/lib/cni/bridge \
-	  && test -x /usr/bin/python3 && command -v iperf3 >/dev/null \
+	  && test -x /usr/bin/python3 && command -v iperf3 >/dev/null && command -v promtool >/dev/null \
 	  && $(PY) -m venv --help >/dev/null 2>&1 \
 	  || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES))
 	$(PY) -m venv $(VENV)
