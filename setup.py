@@ -17,7 +17,7 @@ setup(
         "ovsdbapp>=2.4",            # larkd, OVS mode: OVSDB without an ovs-vsctl process per job
     ],
     # ruff, mypy: `make lint`; promql-parser, pyyaml: tests/unit/test_packaging_metrics.py (PromQL in the rules)
-    extras_require={"test": ["pytest", "hypothesis", "scapy", "ruff", "mypy", "promql-parser", "pyyaml"],  # ruff, mypy: `make lint` "bench": ["matplotlib"],
+    extras_require={"test": ["pytest", "hypothesis", "scapy", "ruff", "mypy", "jsonschema", "rfc3339-validator", "promql-parser", "pyyaml"],  # ruff, mypy: `make lint` "bench": ["matplotlib"],
                     "report": ["matplotlib"],  # lark report --html charts
                     # lark-controller (one host of the pool, not every EP): the OpenFlow 1.3 side (os-ken, the
                     # maintained Ryu fork, ~33 packages) and the CA / mutual-TLS key pairs (`certs`).

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .errors import LarkError
 from .names import DEFAULT_NETNS_PREFIX
+from .scitags import parse_collector, parse_rules
 
 log = logging.getLogger(__name__)
 DEFAULT_PATH = "/etc/lark/lark.toml"   # deprecated: LARK_* knobs in the HTCondor configuration replace it
@@ -134,6 +135,13 @@ class Config:
     dns_address: str = "169.254.53.53"  # link-local service address of the forwarder (a Lark-owned device)
     # MTU of the job's link: 0 follows the uplink (bridge/OVS) or the route out (NAT); a number overrides it.
     job_mtu: int = 0
+    # SciTags (docs/admin.md "SciTags"): one rule a line, `EXPERIMENT ACTIVITY EXPRESSION`, the expression a ClassAd
+    # expression on the job ad; the first true one tags the job, whose IPv6 flows then carry the two ids in their
+    # flow label. "" = off.
+    scitags: str = ""
+    # Where larkd sends fireflies (the SciTags UDP messages) for tagged jobs' flows: "host" or "host:port" (port
+    # 10514); "" = none.
+    scitags_collector: str = ""
 
     @property
     def records_dir(self) -> str:
@@ -281,6 +289,9 @@ class Config:
             raise bad("dhcpv6_timeout", f"{self.dhcpv6_timeout} is not a wait", "use seconds, e.g. 10")
         if self.job_mtu and not 576 <= self.job_mtu <= 65535:
             raise bad("job_mtu", f"{self.job_mtu} is not an MTU", "use 0 (follow the uplink) or 576-65535")
+        parse_rules(self.scitags)
+        if self.scitags_collector:
+            parse_collector(self.scitags_collector)
         self.default_bandwidth = str(self.default_bandwidth)
         if self.metrics_address:
             host, sep, port = self.metrics_address.rpartition(":")

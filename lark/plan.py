@@ -37,6 +37,7 @@ class NetworkPlan:
     owner: str = ""
     accounting_group: str = ""
     global_job_id: str = ""           # the job's GlobalJobId: `lark report` matches EP records with history by it
+    scitag: int = 0                   # SciTags experiment << 6 | activity from LARK_SCITAGS (lark/scitags.py); 0 = none
     job_attrs: dict = field(default_factory=dict)   # job ad values forwarded to the SDN controller
     decided_by: dict = field(default_factory=dict)  # field -> what decided it (attribute, expression, callout)
 

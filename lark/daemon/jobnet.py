@@ -17,7 +17,7 @@ from pyroute2 import IPRoute
 
 from ..config import Config
 from ..errors import LarkError
-from ..kernel import dhcp, dhcp6, dns, ipv6auto, links, mtu, netns, shaping
+from ..kernel import dhcp, dhcp6, dns, ipv6auto, links, mtu, netns, scitags, shaping
 from ..kernel.accounting import Accountant, link_reading
 from ..kernel.attach import make_modes
 from ..kernel.attach.base import AttachMode
@@ -25,9 +25,11 @@ from ..kernel.fairshare import FairShare, link_jobs, shares
 from ..kernel.firewall import job_netns
 from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import port_pool
+from ..kernel.scitags import FireflyReporter
 from ..names import JobNames, host_mac_seed, set_process_mac_seed
 from ..plan import JobNetwork, NetworkPlan
 from ..realize.feasibility import HostProfile, check_feasible, host_profile
+from ..scitags import parse_collector
 from .controller_client import ControllerClient
 from .pins import merge_usage
 from .records import FinishedStore, JobRecord, RecordStore
@@ -53,6 +55,30 @@ class JobNetworker:
         set_process_mac_seed(self.mac_seed)
         self.controller = ControllerClient(cfg, records)
         self.fair = FairShare(cfg.fair_share_floor_mbit)
+        self._fireflies: FireflyReporter | None = None
+
+    @property
+    def fireflies(self) -> FireflyReporter | None:
+        """The firefly sender, started on first use (only larkd tears down tagged jobs with a collector set)."""
+        if self._fireflies is None and self.cfg.scitags_collector:
+            self._fireflies = FireflyReporter(parse_collector(self.cfg.scitags_collector))
+        return self._fireflies
+
+    def resume_fireflies(self, rec: JobRecord) -> None:
+        """larkd restarted: report a running tagged job's flows again (those that started meanwhile get their end
+        firefly only)."""
+        if not rec.plan.get("scitag") or self.fireflies is None:
+            return
+        try:
+            fd = os.open(self.netns_path(rec.key), os.O_RDONLY)
+            try:
+                self.fireflies.watch(rec.key, rec.job_id, fd, rec.plan["scitag"],
+                                     {a for a in (rec.plan.get("ipv4"), rec.plan.get("ipv6")) if a})
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.error("job %s: no SciTags fireflies after larkd's restart: %s", rec.job_id, e)
+
 
     @property
     def pools(self) -> list:
@@ -146,6 +172,11 @@ class JobNetworker:
                 # that the forward hook never sees).
                 job_netns.secure(ns_fd, plan.job_id, block_inbound=not plan.inbound,
                                  dhcpv6_client=self._dhcpv6(plan, mode))
+                if plan.scitag:  # in the job's netns too: the tag bits after anything the job chose
+                    scitags.secure(ns_fd, plan.job_id, plan.scitag, fireflies=self.fireflies is not None)
+                    if self.fireflies is not None:
+                        self.fireflies.watch(plan.key, plan.job_id, ns_fd, plan.scitag,
+                                             {a for a in (net.ipv4, net.ipv6) if a})
                 self.fw.add_job(net, n)
                 # Before the answer to the wrapper: the pool switch has the job's flows before its program runs.
                 self.controller.register(net, n.job_mac if mode.bridged else "")
@@ -340,6 +371,8 @@ class JobNetworker:
         # Before the netns goes: a running client would keep the namespace alive.
         errors.run("stop the DHCPv6 client", dhcp6.stop, self.cfg, key)
         errors.run("stop the IPv6 DNS relay", dns.dns6.stop_relay, self.cfg, self.netns_path(key))
+        if self.fireflies is not None:  # before the netns goes: its end fireflies come from its conntrack table
+            errors.run("send the SciTags end fireflies", self.fireflies.finish, key)
         errors.run(f"remove netns {n.netns}", netns.detach, self.netns_path(key))
         for pool in self.pools:
             errors.run(f"release the {pool.what}", pool.release, key)

@@ -121,6 +121,7 @@ class Larkd:
             if rec.phase == "ready" and peercred.alive(rec.starter_pid, rec.starter_start):
                 self.active.add(rec.key)
                 self.acct.start(rec.key, rec.created)
+                self.net.resume_fireflies(rec)
                 adopted.append((rec.key, rec.starter_pid, rec.starter_start))
                 log.info("adopted running job %s on %s", rec.job_id, rec.slot)
         for pin in self.pins.all():

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from ..kernel import links, netns, shaping
+from ..kernel import links, netns, scitags, shaping
 from ..kernel.drift import Finding, drifted
 from ..kernel.firewall import job_netns
 from ..names import JobNames
@@ -88,6 +88,8 @@ def _verify_network(net: JobNetworker, key: str, ns_fd: int | None, nipr: IPRout
             found += mode.verify(ipr, host_idx, job, n)
     if ns_fd is not None and mode is not None:
         found += job_netns.verify(ns_fd, block_inbound=not job.inbound, dhcpv6_client=net._dhcpv6(job.plan, mode))
+        if job.plan.scitag:
+            found += scitags.verify(ns_fd, job.plan.scitag, fireflies=bool(net.cfg.scitags_collector))
     found += net.fw.verify_job(job, n)
     return found
 

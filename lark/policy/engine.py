@@ -6,6 +6,7 @@ the result is one NetworkPlan, and `decided_by` says which attribute or expressi
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ import classad2
 from ..config import IFNAME_RE, Config
 from ..errors import LarkError
 from ..plan import NETWORK_TYPES, NetworkPlan
+from ..scitags import Rule, parse_rules
 
+log = logging.getLogger(__name__)
 VLAN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _MISSING = object()
 
@@ -305,8 +308,30 @@ def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: 
         owner=_string_or_empty(job, "Owner"),
         accounting_group=_string_or_empty(job, "AcctGroup") or _string_or_empty(job, "AccountingGroup"),
         global_job_id=_string_or_empty(job, "GlobalJobId"),
+        scitag=scitag(d, parse_rules(cfg.scitags)) if network_type != "none" else 0,
         job_attrs=forwarded_attrs(job, cfg.controller_attributes), decided_by=d.decided_by,
     )
+
+
+def scitag(d: _Decider, rules: list[Rule]) -> int:
+    """The job's SciTags tag (experiment << 6 | activity): the first LARK_SCITAGS rule whose expression is true of
+    the job ad. Tags are reports, not permissions: an expression that cannot be evaluated tags nothing and is
+    logged, it never holds the job."""
+    for rule in rules:
+        where = f"LARK_SCITAGS line {rule.line}: {rule.expression[:200]}"
+        try:
+            value = _py(classad2.ExprTree(rule.expression).eval(d.job))
+        except (classad2.ClassAdException, RuntimeError, ValueError, TypeError) as e:
+            log.error("job %s: %s cannot be evaluated (%s); fix the rule in LARK_SCITAGS", d.job_id, where, e)
+            continue
+        if value is classad2.Value.Error:
+            log.warning("job %s: %s evaluates to ERROR on its ad; that rule tags nothing", d.job_id, where)
+        if value is True:
+            d.decided_by["scitag"] = f"{where} (experiment {rule.experiment}, activity {rule.activity})"
+            return rule.scitag
+    if rules:
+        d.decided_by["scitag"] = "no LARK_SCITAGS rule is true of the job ad"
+    return 0
 
 
 def forwarded_attrs(job: classad2.ClassAd, names: list[str]) -> dict:
