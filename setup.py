@@ -16,8 +16,11 @@ setup(
         "prometheus-client>=0.17",  # larkd: live metrics (off unless metrics_address is set)
         "ovsdbapp>=2.4",            # larkd, OVS mode: OVSDB without an ovs-vsctl process per job
     ],
-    # ruff, mypy: `make lint`; promql-parser, pyyaml: tests/unit/test_packaging_metrics.py (PromQL in the rules)
-    extras_require={"test": ["pytest", "hypothesis", "scapy", "ruff", "mypy", "jsonschema", "rfc3339-validator", "promql-parser", "pyyaml"],  # ruff, mypy: `make lint` "bench": ["matplotlib"],
+    # test: ruff, mypy for `make lint`; jsonschema, rfc3339-validator for the SciTags firefly schema;
+    # promql-parser, pyyaml for tests/unit/test_packaging_metrics.py (PromQL in the shipped rules)
+    extras_require={"test": ["pytest", "hypothesis", "scapy", "ruff", "mypy", "jsonschema", "rfc3339-validator",
+                             "promql-parser", "pyyaml"],
+                    "bench": ["matplotlib"],
                     "report": ["matplotlib"],  # lark report --html charts
                     # lark-controller (one host of the pool, not every EP): the OpenFlow 1.3 side (os-ken, the
                     # maintained Ryu fork, ~33 packages) and the CA / mutual-TLS key pairs (`certs`).
