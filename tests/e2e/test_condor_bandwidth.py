@@ -35,7 +35,7 @@ def test_two_jobs_exceeding_bandwidth_together_never_overlap(pool):
 def test_two_jobs_within_bandwidth_run_together(pool):
     total = machine_bandwidth()
     each = total // 2 - 1
-    c = submit("bw-fit", job(exe="/bin/sleep", args="8", extra=f"request_bandwidth = {each}", count=2))
+    c = submit("bw-fit", job(exe="/bin/sleep", args="30", extra=f"request_bandwidth = {each}", count=2))  # outlasts staggered starts
     rows = history(c, ["JobCurrentStartExecutingDate", "CompletionDate"], timeout=180, procs=2)
     spans = sorted((int(r[0]), int(r[1])) for r in rows)
     assert spans[1][0] < spans[0][1], f"jobs that fit together did not overlap: {spans}"

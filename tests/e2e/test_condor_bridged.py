@@ -26,11 +26,11 @@ LARK_OVS_DATAPATH = netdev
 
 def restart_larkd():
     as_root(["condor_off", "-daemon", "LARKD"])
-    deadline = time.time() + 20
+    deadline = time.time() + 60
     while time.time() < deadline and as_root(["lark", "status"]).returncode == 0:
         time.sleep(0.3)
     as_root(["condor_on", "-daemon", "LARKD"])
-    while time.time() < deadline + 20 and as_root(["lark", "status"]).returncode != 0:
+    while time.time() < deadline + 60 and as_root(["lark", "status"]).returncode != 0:
         time.sleep(0.3)
     assert as_root(["lark", "status"]).returncode == 0, "larkd did not come back"
 

@@ -93,7 +93,7 @@ class FakeHost:
             self.wait_ready()
         return self.larkd
 
-    def wait_ready(self, timeout: float = 20) -> None:
+    def wait_ready(self, timeout: float = 60) -> None:   # ~1 s idle, several s on a loaded CI machine: x3 and more
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.larkd.poll() is not None:
@@ -101,7 +101,7 @@ class FakeHost:
             if self.lark("status", check=False).returncode == 0:
                 return
             time.sleep(0.05)
-        raise RuntimeError(f"larkd not ready after {timeout} s:\n{self.larkd_log()}")
+        raise RuntimeError(f"larkd did not answer `lark status` within {timeout} s of its start:\n{self.larkd_log()}")
 
     def stop_larkd(self, sig: int = signal.SIGTERM) -> None:
         if self.larkd and self.larkd.poll() is None:
@@ -146,6 +146,17 @@ class FakeHost:
         self.procs.append(p)
         return p
 
+    def end_job(self, p: subprocess.Popen, netns: str, timeout: float = 30) -> tuple[str, str]:
+        """End a job that would run on (a long listen or sleep, long so that a loaded machine cannot outlast it) the
+        way a job ends: its processes, the ones in its netns, are killed by PID, and its starter then exits as after
+        any job. Killing only the starter would leave the job holding the test's pipes until its own end."""
+        for pid in sh(["ip", "netns", "pids", netns], check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass   # ended meanwhile
+        return p.communicate(timeout=timeout)
+
     # -- inspection -----------------------------------------------------------------------------------
     def residue(self) -> dict:
         """What the kernel (not the records) still holds for this host's jobs."""
@@ -182,7 +193,7 @@ class FakeHost:
         cp = sh(["ovs-ofctl", "--names", "dump-flows", f"unix:{self.ovs.dir}/{self.cfg.ovs_bridge_name}.mgmt"], check=False)
         return [line for line in cp.stdout.splitlines() if "cookie=" in line]
 
-    def wait_clean(self, timeout: float = 10) -> dict:
+    def wait_clean(self, timeout: float = 30) -> dict:   # background teardowns queue behind each other under load
         deadline = time.time() + timeout
         while True:
             r = self.residue()

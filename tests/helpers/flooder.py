@@ -1,7 +1,9 @@
 """A local user flooding larkd's socket: holds up to N connections open (sending nothing) and reopens every one
-larkd closes, for S seconds. usage: flooder.py SOCKET N SECONDS; prints how many connections it opened."""
+larkd closes, for S seconds or until SIGTERM. usage: flooder.py SOCKET N SECONDS; prints how many connections it
+opened."""
 import json
 import selectors
+import signal
 import socket
 import sys
 import time
@@ -12,8 +14,10 @@ def main() -> None:
     sel = selectors.DefaultSelector()
     opened = refused = 0
     end = time.time() + seconds
+    stop: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
     print("flooding", flush=True)
-    while time.time() < end:
+    while time.time() < end and not stop:
         while len(sel.get_map()) < want:
             s = socket.socket(socket.AF_UNIX)
             try:

@@ -151,6 +151,13 @@ def main():
             n = len(r.read())
         print(json.dumps({"downloaded": n}), flush=True)
         time.sleep(float(args[1]))
+    elif cmd == "download-then-await":  # url path: say what was moved, then stay alive until the test creates path
+        with urllib.request.urlopen(args[0], timeout=20) as r:
+            n = len(r.read())
+        print(json.dumps({"downloaded": n}), flush=True)
+        deadline = time.time() + 300    # a test that died must not leave the job behind for long
+        while not os.path.exists(args[1]) and time.time() < deadline:
+            time.sleep(0.1)
     elif cmd == "resolve":  # name nameserver [udp|tcp]: what a stub resolver does with resolv.conf's nameserver
         print(json.dumps(resolve(args[0], args[1], args[2] if len(args) > 2 else "udp")))
     elif cmd == "udp-size":  # host port size [df]: send one datagram, the echo server answers with its length

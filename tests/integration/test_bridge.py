@@ -40,7 +40,7 @@ def test_bridged_download_counted(bhost):
 
 
 def test_bridged_job_cannot_spoof_ip_or_mac(bhost):
-    p = bhost.spawn_job("slot1", ["listen", "9000", "8"], job_ad="ClusterId = 33\nProcId = 0",)
+    p = bhost.spawn_job("slot1", ["listen", "9000", "120"], job_ad="ClusterId = 33\nProcId = 0",)   # killed below
     j = wait_ready(bhost, "slot1")
     ns = j["netns"]
     # Root in the job's netns (what a job never is) changes its address and MAC: the bridge drops both.
@@ -52,34 +52,34 @@ def test_bridged_job_cannot_spoof_ip_or_mac(bhost):
     assert sh([*probe, "198.51.100.160", WORLD_IP], check=False).stdout.strip() != "0"
     sh(["ip", "-n", ns, "link", "set", "eth0", "address", "02:00:00:00:00:99"])
     assert sh([*probe, j["plan"]["ipv4"], WORLD_IP], check=False).stdout.strip() != "0"
-    p.kill()
-    p.communicate(timeout=10)
+    bhost.end_job(p, j["netns"])
     assert bhost.wait_clean() == {k: [] for k in bhost.residue()}
 
 
 def test_bridged_job_without_inbound_refuses_new_connections(bhost):
-    p = bhost.spawn_job("slot2", ["listen", "9000", "6"], job_ad="ClusterId = 34\nProcId = 0")
+    # Its listener is up all along (a short one could have timed out on a loaded machine, and a refused
+    # connection then would prove nothing)
+    p = bhost.spawn_job("slot2", ["listen", "9000", "120"], job_ad="ClusterId = 34\nProcId = 0")
     j = wait_ready(bhost, "slot2")
-    time.sleep(0.3)
+    assert json.loads(p.stdout.readline())["listening"] == 9000
     cp = sh(bhost.in_world(["python3", "-c", "import socket,sys; s=socket.socket(); s.settimeout(2);"
                             "print(s.connect_ex((sys.argv[1],9000)))", j["plan"]["ipv4"]]), check=False)
     assert cp.stdout.strip() != "0", cp.stdout
-    p.kill()
-    p.communicate(timeout=10)
+    bhost.end_job(p, j["netns"])
 
 
 def test_bridged_job_with_inbound_accepts_connections_on_its_own_address(bhost):
-    p = bhost.spawn_job("slot3", ["listen", "9000", "10"],
+    p = bhost.spawn_job("slot3", ["listen", "9000", "60"],
                         job_ad="ClusterId = 35\nProcId = 0\nInboundConnectivity = true")
     j = wait_ready(bhost, "slot3")
-    deadline, got = time.time() + 8, ""
+    deadline, got = time.time() + 30, ""
     while time.time() < deadline and "hello" not in got:
         got = sh(bhost.in_world(["python3", "-c", "import socket,sys\ntry:\n s=socket.create_connection("
                                  "(sys.argv[1],9000),1); print(s.recv(100).decode())\nexcept OSError as e: print(e)",
                                  j["plan"]["ipv4"]]), check=False).stdout
         time.sleep(0.2)
     assert "hello from job" in got
-    p.communicate(timeout=15)
+    p.communicate(timeout=30)
 
 
 def test_bridge_mode_limits_apply(bhost):

@@ -41,10 +41,18 @@ def test_port_is_disabled_until_the_jobs_end_is_up_then_waited_for(ns, caplog):
         waited = wait_bridge_port_forwarding(ipr, host, "7.0", timeout=0.05)
     assert waited >= 0.05 and "not forwarding" in caplog.text and "7.0" in caplog.text
     ipr.link("set", index=ipr.link_lookup(ifname="job0")[0], state="up")
-    waited = wait_bridge_port_forwarding(ipr, host, "7.0")
-    assert port_state(ipr, host) == BR_STATE_FORWARDING and waited < 1.0
+    caplog.clear()
+    # It returns because the port forwards, not because it gave up: no warning, and less than the timeout waited
+    # (generous: the kernel's link watch runs later on a loaded machine; on an idle one this takes ~1 ms).
+    with caplog.at_level(logging.WARNING, logger="lark.kernel.links"):
+        waited = wait_bridge_port_forwarding(ipr, host, "7.0", timeout=30)
+    assert port_state(ipr, host) == BR_STATE_FORWARDING and waited < 30 and "not forwarding" not in caplog.text
 
 
-def test_not_a_bridge_port_returns_at_once(ns):
+def test_not_a_bridge_port_returns_at_once(ns, caplog):
+    """Nothing to wait for: it returns on its first look instead of waiting out its timeout (no timed bound: the
+    timeout is far beyond any scheduling delay, and a wait that ran out would warn)."""
     ns.link("add", ifname="lk-y", kind="veth", peer={"ifname": "job1"})
-    assert wait_bridge_port_forwarding(ns, ns.link_lookup(ifname="lk-y")[0], "8.0", timeout=5) < 0.5
+    with caplog.at_level(logging.WARNING, logger="lark.kernel.links"):
+        waited = wait_bridge_port_forwarding(ns, ns.link_lookup(ifname="lk-y")[0], "8.0", timeout=60)
+    assert waited < 60 and "not forwarding" not in caplog.text

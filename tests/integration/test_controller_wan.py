@@ -3,6 +3,7 @@ controller process: OpenFlow 1.3 meters made at a group's first registration, re
 after a kill -9, and a group's aggregate WAN traffic policed to its rate."""
 import re
 import shutil
+import threading
 import time
 
 import pytest
@@ -92,29 +93,53 @@ def test_meters_reconciled_after_kill_9(pool):
     assert len([f for f in pool.flows() if f"meter:{CMS}" in f]) == 1
 
 
+def meter_bytes(pool, mid: int) -> tuple[int, int]:
+    """(bytes offered to a meter, bytes its drop band dropped) so far, from the switch's meter statistics."""
+    cp = sh(["ovs-ofctl", "-O", "OpenFlow13", "meter-stats", f"unix:{pool.ovs.dir}/{BRIDGE}.mgmt", f"meter={mid}"])
+    m = re.search(r"meter:(\d+) .*?byte_in_count:(\d+).*?bands:\s*0: packet_count:\d+ byte_count:(\d+)", cp.stdout,
+                  re.S)
+    assert m and int(m.group(1)) == mid, f"no statistics for meter {mid} in:\n{cp.stdout}"
+    return int(m.group(2)), int(m.group(3))
+
+
 def test_group_aggregate_is_policed_to_its_rate(pool):
-    """Two cms jobs each offer 30 Mbit/s of UDP to the WAN; the cms meter (20 Mbit/s) lets ~20 through in all."""
+    """Two cms jobs each offer 30 Mbit/s of UDP to the WAN; the cms meter (20 Mbit/s) lets ~20 through in all.
+
+    The bound is read over one common window while the senders run, from the WAN link's receive counter, with the
+    meter's own statistics over the same window as the control: it was offered more than its rate and dropped the
+    excess, so the limit is the meter's doing, not the senders' or the switch's. (Before, the WAN bytes of the
+    whole upload, staggered sender starts included, were divided by one sender's duration; and the control needed
+    an unmetered run to reach 35 Mbit/s, which a loaded 2-core machine can miss.) How close the group comes to its
+    rate is bench/wan_groups.py's and bench/paper_wan.py's."""
     pool.add_job("c1", "ep1", "alice", 10, group="cms")
     pool.add_job("c2", "ep2", "bob", 11, group="cms")
     assert pool.register("c1")[0] == 200 and pool.register("c2")[0] == 200
-    seconds = 4
-    before, t0 = wan_rx_bytes(pool), time.time()
-    udp_upload(pool, ["c1", "c2"], 30, seconds)
-    got_mbit = (wan_rx_bytes(pool) - before) * 8 / seconds / 1e6
-    # generous band (shared 2-core machine, iperf start-up inside the window); the bench measures accuracy
-    assert 10 <= got_mbit <= 26, f"cms aggregate {got_mbit:.1f} Mbit/s through a 20 Mbit/s meter ({time.time()-t0:.1f} s)"
-    # control: an unmatched job (unmatched = "pass") offering the same 2 x 30 Mbit/s is not limited, so the band
-    # above is the meter's doing, not the sender's or the switch's limit
-    pool.add_job("u1", "ep1", "dave", 13)
-    pool.add_job("u2", "ep2", "erin", 14)
-    assert pool.register("u1")[0] == 200 and pool.register("u2")[0] == 200
-    before = wan_rx_bytes(pool)
-    udp_upload(pool, ["u1", "u2"], 30, seconds)
-    free_mbit = (wan_rx_bytes(pool) - before) * 8 / seconds / 1e6
-    print(f"cms (20 Mbit/s meter): {got_mbit:.1f} Mbit/s; unmetered: {free_mbit:.1f} Mbit/s")
-    assert free_mbit > 35, f"unmetered jobs reached only {free_mbit:.1f} Mbit/s: the test cannot tell"
+    rate_mbit, burst_kbit, seconds = 20, 5000, 8.0
+    total_before = wan_rx_bytes(pool)
+    uploads = threading.Thread(target=udp_upload, args=(pool, ["c1", "c2"], 30, seconds))
+    uploads.start()
+    time.sleep(2.5)                           # past the senders' interpreter start, even a slow one
+    t0, rx0, (in0, drop0) = time.monotonic(), wan_rx_bytes(pool), meter_bytes(pool, CMS)
+    time.sleep(seconds - 4.0)                 # ends before the first sender can have stopped
+    t1, rx1, (in1, drop1) = time.monotonic(), wan_rx_bytes(pool), meter_bytes(pool, CMS)
+    uploads.join(seconds + 60)
+    assert not uploads.is_alive(), "the UDP senders did not finish"
+    window = t1 - t0
+    passed_mbit, offered_mbit = (rx1 - rx0) * 8 / window / 1e6, (in1 - in0) * 8 / window / 1e6
+    print(f"cms (20 Mbit/s meter) over {window:.1f} s: offered {offered_mbit:.1f}, reached the WAN "
+          f"{passed_mbit:.1f} Mbit/s, the meter dropped {(drop1 - drop0) * 8 / window / 1e6:.1f}")
+    assert offered_mbit > rate_mbit and drop1 > drop0, \
+        f"the meter was offered {offered_mbit:.1f} Mbit/s and dropped {drop1 - drop0} bytes: the test cannot tell"
+    # A token bucket passes at most rate x window + its burst in any window; 15 % on top for the window's ends being
+    # read by separate processes on a loaded machine.
+    ceiling_bits = (rate_mbit * 1e6 * window + burst_kbit * 1e3) * 1.15
+    assert (rx1 - rx0) * 8 <= ceiling_bits, \
+        f"cms aggregate {passed_mbit:.1f} Mbit/s over {window:.1f} s through a {rate_mbit} Mbit/s meter"
+    # The meter limits, it does not block: at least half of its rate got through (accuracy is the benches').
+    assert passed_mbit >= 0.5 * rate_mbit, f"only {passed_mbit:.1f} Mbit/s of the cms group reached the WAN"
+    total = wan_rx_bytes(pool) - total_before
     assert wait_for(lambda: pool.api("GET", "/v1/status", cert="controller")[1]["wan_groups"][0]["bytes"]
-                    >= (got_mbit * 1e6 / 8) * seconds * 0.9)
+                    >= total * 0.9), pool.api("GET", "/v1/status", cert="controller")[1]["wan_groups"]
 
 
 def test_unmatched_drop_keeps_ungrouped_jobs_off_the_wan_but_on_the_site(tmp_path):

@@ -3,12 +3,10 @@ world namespace, caches the lease per slot, renews it, and releases it when conf
 import json
 import os
 import subprocess
-import time
 
 import pytest
-
 from helpers.fakehost import WORLD_IP
-from helpers.waits import finished, wait_ready
+from helpers.waits import finished, wait_for, wait_ready, wait_until
 
 BASE = dict(bridge_name="lkbr0", bridge_uplink="up0", bridge_range="198.51.100.100-198.51.100.149",
             bridge_prefix=24, bridge_gateway=WORLD_IP)
@@ -24,9 +22,8 @@ def start_dnsmasq(host):
         "--log-dhcp", f"--log-facility={log}", "--conf-file=/dev/null", "--pid-file="]),
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     host.procs.append(p)
-    deadline = time.time() + 5
-    while time.time() < deadline and not (log.exists() and "started" in log.read_text()):
-        time.sleep(0.05)
+    wait_until(lambda: log.exists() and "started" in log.read_text(), "dnsmasq to log that it started",
+               detail=lambda: p.stderr.read() if p.poll() is not None and p.stderr else "")
     return log
 
 
@@ -65,18 +62,16 @@ def test_dhcp_lease_is_recorded_and_renewed(fakehost_factory):
     host = fakehost_factory(default_network_type="bridge", dhcp_renew_interval=1.0, **BASE)
     log = start_dnsmasq(host)
     host.publish_ad("slot2", "ClusterId = 73\nProcId = 0", DHCP_AD)
-    p = host.spawn_job("slot2", ["listen", "9000", "6"], job_ad="ClusterId = 73\nProcId = 0")
+    p = host.spawn_job("slot2", ["listen", "9000", "120"], job_ad="ClusterId = 73\nProcId = 0")   # killed below
     j = wait_ready(host, "slot2")
     lease = j["plan"]["dhcp"]
     assert lease["server"] == WORLD_IP and lease["address"] == j["plan"]["ipv4"] and lease["lease_time"] == 120
-    deadline = time.time() + 10
-    while time.time() < deadline and not [m for m in messages(log, "ACK") if lease["address"] in m][1:]:
-        time.sleep(0.2)
+    wait_for(lambda: [m for m in messages(log, "ACK") if lease["address"] in m][1:])
     acks = [m for m in messages(log, "ACK") if lease["address"] in m]
     assert len(acks) >= 2, log.read_text()  # the first lease, then at least one renewal
     renewed = wait_ready(host, "slot2")["plan"]["dhcp"]
     assert renewed["obtained"] > lease["obtained"] and renewed["address"] == lease["address"]
-    p.communicate(timeout=20)
+    host.end_job(p, j["netns"])
 
 
 def test_dhcp_release_when_configured(fakehost_factory):
@@ -85,10 +80,7 @@ def test_dhcp_release_when_configured(fakehost_factory):
     host.publish_ad("slot3", "ClusterId = 74\nProcId = 0", DHCP_AD)
     cp = host.run_job("slot3", ["env"], job_ad="ClusterId = 74\nProcId = 0")
     assert cp.returncode == 0, cp.stderr + host.larkd_log()
-    deadline = time.time() + 5
-    while time.time() < deadline and not messages(log, "RELEASE"):
-        time.sleep(0.1)
-    assert messages(log, "RELEASE"), log.read_text()
+    wait_until(lambda: messages(log, "RELEASE"), "dnsmasq to log the job's DHCPRELEASE", detail=log.read_text)
     assert not os.path.exists(os.path.join(host.cfg.state_dir, "leases", "slot3.lease"))
 
 

@@ -63,7 +63,7 @@ def test_ipv6_source_spoofing_dropped(fakehost_factory):
     world_v6(host)
     ad = 'ClusterId = 86\nProcId = 0\nIPProtocol = "IPv4+IPv6"'
     host.publish_ad("slot3", ad, MACHINE)
-    p = host.spawn_job("slot3", ["listen", "9000", "8"], job_ad=ad)
+    p = host.spawn_job("slot3", ["listen", "9000", "120"], job_ad=ad)   # killed below
     j = wait_ready(host, "slot3")
     ns, own = j["netns"], j["plan"]["ipv6"]
     sh(["ip", "-n", ns, "addr", "add", "fd00:213::ffff/128", "dev", "eth0", "nodad"])
@@ -72,8 +72,7 @@ def test_ipv6_source_spoofing_dropped(fakehost_factory):
              "print(s.connect_ex((sys.argv[2],7006)))"]
     assert sh([*probe, own, WORLD6], check=False).stdout.strip() == "0"
     assert sh([*probe, "fd00:213::ffff", WORLD6], check=False).stdout.strip() != "0"
-    p.kill()
-    p.communicate(timeout=10)
+    host.end_job(p, ns)
 
 
 @pytest.mark.parametrize("mode", ["bridge", "ovs_bridge"])

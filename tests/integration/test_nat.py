@@ -76,13 +76,13 @@ def _world_connect(host, ip, port, timeout=2):
 def test_inbound_refused_by_default(fw_host):
     host = fw_host
     sh(host.in_world(["ip", "route", "add", "10.213.0.0/24", "via", HOST_IP]))
-    job = host.spawn_job("slot1", ["listen", "20000", "8"])
+    job = host.spawn_job("slot1", ["listen", "20000", "120"])   # listening all along; killed below
     info = wait_ready(host, "slot1")
     job_ip = info["plan"]["ipv4"]
     job.stdout.readline()
     assert _world_connect(host, job_ip, 20000).startswith("ERR")
     assert _world_connect(host, HOST_IP, 20000).startswith("ERR")
-    job.kill()
+    host.end_job(job, info["netns"])
 
 
 def _host_connect(host, ip, port, timeout=2):
@@ -97,23 +97,23 @@ def test_a_process_on_the_ep_host_cannot_connect_into_a_nat_job(fw_host):
     so a NAT job without InboundConnectivity was reachable from any process there, uncounted. The job's own
     netns refuses new connections into it, as for bridged jobs; its own connections still get their replies."""
     host = fw_host
-    job = host.spawn_job("slot1", ["listen", "20000", "8"])
+    job = host.spawn_job("slot1", ["listen", "20000", "120"])   # listening all along; killed below
     info = wait_ready(host, "slot1")
     job.stdout.readline()
     assert _host_connect(host, info["plan"]["ipv4"], 20000).startswith("ERR")
-    job.kill()
+    host.end_job(job, info["netns"])
     cp = host.run_job("slot2", ["whoami", WORLD_IP, "7000"])   # replies to the job's own connections pass
     assert cp.returncode == 0 and json.loads(cp.stdout)["seen_as"] == HOST_IP, cp.stderr
 
 
 def test_inbound_allowed_through_host_port(fw_host):
     host = fw_host
-    job = host.spawn_job("slot1", ["listen", "0", "15"], job_ad="InboundConnectivity = true")
+    job = host.spawn_job("slot1", ["listen", "0", "60"], job_ad="InboundConnectivity = true")
     info = wait_ready(host, "slot1")
     port = info["plan"]["inbound_port"]
     assert json.loads(job.stdout.readline())["listening"] == port
     assert _world_connect(host, HOST_IP, port) == "hello from job"
-    assert job.wait(10) == 0
+    assert job.wait(30) == 0
 
 
 def test_no_network_means_only_loopback(fw_host):
@@ -137,7 +137,7 @@ def _in_job_ns(host, slot, argv):
 
 def test_spoofed_source_dropped(fw_host):
     host = fw_host
-    job = host.spawn_job("slot1", ["sleep", "15"])
+    job = host.spawn_job("slot1", ["sleep", "120"])   # killed below
     info = wait_ready(host, "slot1")
     real = info["plan"]["ipv4"]
     # Act as a job that somehow had CAP_NET_ADMIN in its namespace: add a foreign address and send from it.
@@ -148,23 +148,26 @@ def test_spoofed_source_dropped(fw_host):
              "except OSError as e: print('ERR', e)")
     assert _in_job_ns(host, "slot1", ["python3", "-c", probe, real]).stdout.strip() == HOST_IP
     assert _in_job_ns(host, "slot1", ["python3", "-c", probe, "10.213.0.250"]).stdout.strip().startswith("ERR")
-    job.kill()
+    host.end_job(job, info["netns"])
 
 
 def test_jobs_cannot_reach_each_other_or_the_host(fw_host):
     host = fw_host
     server = subprocess.Popen(host.in_host(["python3", "-c",
                                             "import socket,time;s=socket.create_server(('0.0.0.0',7100));"
-                                            "time.sleep(30)"]))
+                                            "time.sleep(300)"]))
     host.procs.append(server)
-    a = host.spawn_job("slotA", ["listen", "9000", "10"], job_ad="InboundConnectivity = true")
-    a_ip = wait_ready(host, "slotA")["plan"]["ipv4"]
+    # A listens all along (three job runs take a while on a loaded machine; an expired listener would make the
+    # refusals below prove nothing)
+    a = host.spawn_job("slotA", ["listen", "9000", "300"], job_ad="InboundConnectivity = true")
+    a_info = wait_ready(host, "slotA")
+    a_ip = a_info["plan"]["ipv4"]
     a.stdout.readline()
     for target in (a_ip, HOST_IP, "10.213.0.1"):
         port = 9000 if target == a_ip else 7100
         cp = host.run_job("slotB", ["connect", target, str(port), "1.5"])
         assert json.loads(cp.stdout)["connected"] is False, (target, cp.stdout)
-    a.kill()
+    host.end_job(a, a_info["netns"])
 
 
 def test_two_jobs_get_distinct_addresses_and_clean_up(host):

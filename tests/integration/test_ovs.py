@@ -2,7 +2,6 @@
 import json
 import os
 import shutil
-import time
 
 import pytest
 
@@ -42,19 +41,18 @@ def test_ovs_job_reaches_world_with_its_own_address_and_is_counted(ohost):
 
 
 def test_ovs_port_named_after_job_and_flows_removed_with_it(ohost):
-    p = ohost.spawn_job("slot2", ["listen", "9000", "5"], job_ad="ClusterId = 43\nProcId = 0")
+    p = ohost.spawn_job("slot2", ["listen", "9000", "120"], job_ad="ClusterId = 43\nProcId = 0")   # killed below
     j = wait_ready(ohost, "slot2")
     assert j["host_if"] in ohost.ovs.vsctl("list-ports", "lkovs0").split()
     assert ohost.ovs.vsctl("get", "interface", j["host_if"], "external_ids:lark-job").strip() == '"43.0"'
     # drop-all, DHCP client, DHCP-server drop, own IPv4, own ARP
     assert sum("in_port" in f and j["host_if"] in f for f in ohost.ovs_flows()) == 5
-    p.kill()
-    p.communicate(timeout=10)
+    ohost.end_job(p, j["netns"])
     assert ohost.wait_clean() == {k: [] for k in ohost.residue()}
 
 
 def test_ovs_job_cannot_spoof_ip_or_mac(ohost):
-    p = ohost.spawn_job("slot3", ["listen", "9000", "8"], job_ad="ClusterId = 44\nProcId = 0")
+    p = ohost.spawn_job("slot3", ["listen", "9000", "120"], job_ad="ClusterId = 44\nProcId = 0")   # killed below
     j = wait_ready(ohost, "slot3")
     ns, ip = j["netns"], j["plan"]["ipv4"]
     assert connect(ohost, ns, ip, WORLD_IP, 7000) == "0"
@@ -63,8 +61,7 @@ def test_ovs_job_cannot_spoof_ip_or_mac(ohost):
     sh(["ip", "-n", ns, "link", "set", "eth0", "address", "02:00:00:00:00:98"])
     sh(["ip", "-n", ns, "neigh", "flush", "all"])
     assert connect(ohost, ns, ip, WORLD_IP, 7000) != "0"
-    p.kill()
-    p.communicate(timeout=10)
+    ohost.end_job(p, j["netns"])
 
 
 def test_vlans_separate_jobs(ohost):
@@ -75,17 +72,18 @@ def test_vlans_separate_jobs(ohost):
     for n, (slot, vlan) in enumerate(ads.items()):
         ad = f"ClusterId = {50 + n}\nProcId = 0\nRequestedVLAN = {vlan}\nInboundConnectivity = true"
         ohost.publish_ad(slot, ad, f"VLAN = {vlan}")
-        jobs[slot] = ohost.spawn_job(slot, ["listen", "9000", "8"], job_ad=ad)
+        jobs[slot] = ohost.spawn_job(slot, ["listen", "9000", "120"], job_ad=ad)   # up until killed below
         ohost.publish_ad(slot, ad, f"VLAN = {vlan}")
     info = {slot: wait_ready(ohost, slot) for slot in ads}
     tags = {slot: ohost.ovs.vsctl("get", "port", info[slot]["host_if"], "tag").strip() for slot in ads}
     assert tags == {"slot4": "100", "slot5": "100", "slot6": "200"}
     a, b, c = (info[s] for s in ("slot4", "slot5", "slot6"))
-    time.sleep(0.3)
+    for p in jobs.values():   # every listener is up: a refused connection is the VLAN's doing
+        assert json.loads(p.stdout.readline())["listening"] == 9000
     assert connect(ohost, b["netns"], b["plan"]["ipv4"], a["plan"]["ipv4"], 9000) == "0"   # same VLAN
     assert connect(ohost, c["netns"], c["plan"]["ipv4"], b["plan"]["ipv4"], 9000) != "0"   # other VLAN
-    for p in jobs.values():
-        p.communicate(timeout=30)
+    for slot, p in jobs.items():
+        ohost.end_job(p, info[slot]["netns"])
     assert ohost.wait_clean() == {k: [] for k in ohost.residue()}
 
 

@@ -124,9 +124,10 @@ def test_counters_are_monotonic_across_release_and_second_setup(host):
 
 def test_socket_flood_from_a_local_user_does_not_stop_jobs(host):
     """Issue 14 item 4: an unprivileged uid (not a job) holds hundreds of connections open while 16 jobs start:
-    all 16 get their network."""
+    all 16 get their network. The flood lasts until the jobs are done (SIGTERM then), not a fixed 25 s that 16 jobs
+    on a loaded machine could outlast."""
     flood = subprocess.Popen(host.in_host(["setpriv", "--reuid=65533", "--regid=65533", "--clear-groups",
-                                           JOB_PY, str(HERE / "flooder.py"), host.cfg.socket, "400", "25"]),
+                                           JOB_PY, str(HERE / "flooder.py"), host.cfg.socket, "400", "600"]),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     host.procs.append(flood)
     assert flood.stdout.readline().strip() == "flooding", flood.stderr.read()
@@ -139,6 +140,7 @@ def test_socket_flood_from_a_local_user_does_not_stop_jobs(host):
             failed.append((i, err[-300:]))
     assert flood.poll() is None, "the flood ended before the jobs had started: the test proves nothing"
     assert not failed, failed
+    flood.terminate()   # setpriv and nsenter exec: this PID is the flooder's own
     out, _ = flood.communicate(timeout=60)
     assert json.loads(out.splitlines()[-1])["opened"] > 400, out
 
@@ -167,7 +169,7 @@ def test_restarted_larkd_takes_over_a_running_job_and_its_accounting(host):
     r = results(out)
     assert [x["downloaded"] for x in r["download"]] == [size, size], r
     assert "htb" in r["qdisc"][0]["out"], r
-    fin = finished(host, "43.0", timeout=15)
+    fin = finished(host, "43.0")
     assert fin["reason"] == "starter exited", fin
     assert fin["bytes_in"] >= 2 * size, fin
     assert host.wait_clean() == {"netns": [], "links": [], "fw": [], "elements": [], "locks": [], "records": []}

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from helpers.fakehost import WORLD_IP, sh
-from helpers.waits import wait_ready
+from helpers.waits import wait_for, wait_ready
 from test_ipv6 import WORLD6, job, world_v6
 
 from lark.kernel import dhcp6
@@ -90,8 +90,8 @@ def test_dhcpv6_job_cannot_spoof_renews_and_leaves_no_client(site6):
     mode, host = site6
     ad = 'ClusterId = 202\nProcId = 0\nIPProtocol = "IPv6"'
     host.publish_ad("slot1", ad, 'IPProtocol = "IPv4+IPv6"')
-    p = host.spawn_job("slot1", ["sleep", "30"], job_ad=ad)
-    v = wait_ready(host, "slot1", timeout=25)
+    p = host.spawn_job("slot1", ["sleep", "120"], job_ad=ad)   # ended below
+    v = wait_ready(host, "slot1")
     own, ns = v["plan"]["ipv6"], v["netns"]
     assert in_range(own), v["plan"]
     inode = os.stat(os.path.join(host.cfg.netns_dir, ns)).st_ino
@@ -109,19 +109,13 @@ def test_dhcpv6_job_cannot_spoof_renews_and_leaves_no_client(site6):
     renewals = open(server_log).read().count("DHCPRENEW")
     time.sleep(0.05)
     os.kill(dhcp6.running_pid(host.cfg, "slot1"), signal.SIGUSR1)
-    deadline = time.time() + 10
-    while os.stat(lease).st_mtime_ns == granted and time.time() < deadline:
-        time.sleep(0.1)
+    wait_for(lambda: os.stat(lease).st_mtime_ns != granted)
     assert open(server_log).read().count("DHCPRENEW") > renewals
     assert os.stat(lease).st_mtime_ns > granted, open(dhcp6.log_path(host.cfg, "slot1")).read()
     assert sh(["ip", "netns", "exec", ns, *PROBE, own, WORLD6], check=False).stdout.strip() == "0"
-    p.kill()
-    p.communicate(timeout=40)
+    host.end_job(p, ns)
     assert host.wait_clean() == {k: [] for k in host.residue()}
-    deadline = time.time() + 5
-    while dhcpcd_pids_in(inode) and time.time() < deadline:
-        time.sleep(0.1)
-    assert dhcpcd_pids_in(inode) == []
+    assert wait_for(lambda: dhcpcd_pids_in(inode) == []), dhcpcd_pids_in(inode)
     assert not os.path.exists(dhcp6.job_dir(host.cfg, "slot1"))
 
 

@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from helpers.fakehost import WORLD_IP, sh
-from helpers.waits import wait_ready
+from helpers.waits import wait_for, wait_ready
 from test_ipv6 import WORLD6, job, world_v6
 
 PREFIX = ipaddress.IPv6Network("2001:db8:ffff::/64")
@@ -68,11 +68,11 @@ def test_slaac_job_cannot_spoof_and_no_job_can_be_a_router(site6):
     mode, host = site6
     ad = 'ClusterId = 192\nProcId = 0\nIPProtocol = "IPv6"'
     host.publish_ad("slot1", ad, 'IPProtocol = "IPv4+IPv6"')
-    victim = host.spawn_job("slot1", ["sleep", "25"], job_ad=ad)
+    victim = host.spawn_job("slot1", ["sleep", "120"], job_ad=ad)   # both ended below
     v = wait_ready(host, "slot1")
     ad2 = 'ClusterId = 193\nProcId = 0\nIPProtocol = "IPv6"'
     host.publish_ad("slot2", ad2, 'IPProtocol = "IPv4+IPv6"')
-    rogue = host.spawn_job("slot2", ["sleep", "25"], job_ad=ad2)
+    rogue = host.spawn_job("slot2", ["sleep", "120"], job_ad=ad2)
     r = wait_ready(host, "slot2")
     own = v["plan"]["ipv6"]
     assert ipaddress.IPv6Address(own) in PREFIX, v["plan"]
@@ -95,12 +95,9 @@ def test_slaac_job_cannot_spoof_and_no_job_can_be_a_router(site6):
     assert not victim_has_rogue_prefix()
     # The same advertisement from the uplink side is taken: the RA was sound, the filter made the difference.
     sh(host.in_world(["python3", "-c", SEND_RA, "w0", str(ROGUE.network_address)]))
-    deadline = time.time() + 5
-    while not victim_has_rogue_prefix() and time.time() < deadline:
-        time.sleep(0.1)
-    assert victim_has_rogue_prefix()
-    for p in (victim, rogue):
-        p.communicate(timeout=40)
+    assert wait_for(victim_has_rogue_prefix), "the uplink's advertisement was not taken"
+    host.end_job(victim, v["netns"])
+    host.end_job(rogue, r["netns"])
 
 
 def test_no_router_means_a_clear_error(fakehost_factory):
