@@ -133,6 +133,12 @@ class Config:
     resolv_conf: str = "/etc/resolv.conf"
     dns_forward: bool = True            # steer jobs' DNS for loopback resolvers to the host-side forwarder
     dns_address: str = "169.254.53.53"  # link-local service address of the forwarder (a Lark-owned device)
+    # The user both DNS dnsmasqs (forwarder, ::1 relays) run as: no job may run as it, or the job could signal
+    # them. larkd creates it (system user, own group) when it is missing.
+    dns_user: str = "lark-dns"
+    # DNS queries (UDP datagrams, TCP connections) per second each job may send the forwarder, in bursts of twice
+    # that; the rest is dropped, so one job cannot fill the forwarder's table of pending queries. 0 = no limit.
+    dns_query_rate: int = 20
     # MTU of the job's link: 0 follows the uplink (bridge/OVS) or the route out (NAT); a number overrides it.
     job_mtu: int = 0
     # SciTags (docs/admin.md "SciTags"): one rule a line, `EXPERIMENT ACTIVITY EXPRESSION`, the expression a ClassAd
@@ -278,6 +284,11 @@ class Config:
         if dns_addr.is_loopback or dns_addr.is_unspecified or dns_addr in self.network:
             raise bad("dns_address", f"{dns_addr} is loopback, unspecified or inside subnet {self.subnet}",
                       'use a link-local address outside every job network, e.g. "169.254.53.53"')
+        if self.dns_forward and (not self.dns_user or self.dns_user in ("root", "nobody")):
+            raise bad("dns_user", f"the DNS forwarder may not run as {self.dns_user!r}: jobs (or everyone) run as it",
+                      'use a system user no job runs as, e.g. "lark-dns" (larkd creates it when it is missing)')
+        if self.dns_query_rate < 0:
+            raise bad("dns_query_rate", f"{self.dns_query_rate} is negative", "use queries per second, 0 = no limit")
         if not os.path.isabs(self.resolv_conf):
             raise bad("resolv_conf", f"{self.resolv_conf!r} is not an absolute path", "e.g. /etc/resolv.conf")
         if self.bridge_ipv6 not in ("static", "slaac", "dhcpv6"):

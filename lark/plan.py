@@ -72,6 +72,9 @@ class Addresses:
     gateway6: str | None = None
     inbound_port: int | None = None   # NAT mode with InboundConnectivity: host port forwarded to the job
     dhcp: dict | None = None          # AddressType dhcp: the lease (address, server, times), see dhcp.Lease
+    # The pool controller's policy that drops the job's traffic or its WAN traffic (from its answer to the
+    # registration): the job gets no DNS either, as the forwarder sits before the switch (lark/kernel/dns.py).
+    dns_revoked_by: str = ""
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from . import hairpin, ofapp
 from .config import ControllerConfig
 from .flows import base_flows
 from .model import JobReg
+from .pipeline import WAN_DROP
 from .registry import Registry
 
 log = logging.getLogger("lark.controller")
@@ -44,7 +45,9 @@ class Controller:
         d = entry.decision
         body = {"job_id": job.job_id, "cookie": f"{entry.cookie:#018x}", "flows_per_switch": len(entry.flows),
                 "switches": res["switches"], "blocked_by": d.blocked_by, "slice": d.slice_name,
-                "wan_policy": d.wan_policy}
+                "wan_policy": d.wan_policy,
+                # larkd takes a dropped or WAN-dropped job's DNS away: its forwarder is on the EP, before this switch
+                "wan_drop": d.wan_action == WAN_DROP}
         if res["errors"] or not res["switches"]:
             # The job stays registered (a switch that connects later gets its flows); larkd decides whether a
             # job may start without them (controller_failure).

@@ -105,11 +105,12 @@ class ControllerClient:
                 return r.status, {"error": f"HTTP {r.status} with a body that is not JSON"}
         raise OSError("no connection to the controller")  # not reached: the fresh attempt raises or returns
 
-    def register(self, plan: JobNetwork, mac: str) -> None:
-        """Returns once the controller has acknowledged the job's flows; on failure refuses the job (closed) or
-        logs a warning (open)."""
+    def register(self, plan: JobNetwork, mac: str) -> dict:
+        """Returns once the controller has acknowledged the job's flows, with its answer (the policies that chose the
+        job: `blocked_by`, `wan_drop`, ...); on failure refuses the job (closed) or logs a warning (open) and
+        returns {}."""
         if not self.enabled or plan.network_type not in BRIDGED_TYPES or not (plan.ipv4 or plan.ipv6):
-            return
+            return {}
         try:
             with self._lock:
                 code, body = self._call("POST", "/v1/jobs", registration(plan, mac))
@@ -126,12 +127,13 @@ class ControllerClient:
             return self._failed(plan.job_id, body.get("error") or f"HTTP {code}")
         log.info("job %s registered with the controller: cookie %s, %s flows on %s switches (%s ms)", plan.job_id,
                  body.get("cookie"), body.get("flows_per_switch"), body.get("switches"), body.get("ms"))
+        return body
 
-    def _failed(self, job_id: str, why: str) -> None:
+    def _failed(self, job_id: str, why: str) -> dict:
         if self.cfg.controller_failure == "open":
             log.warning("job %s starts without the pool controller's flows (controller_failure = open): %s",
                         job_id, why)
-            return
+            return {}
         raise LarkError(f"the pool's SDN controller did not acknowledge the job's flows: {why}", job=job_id,
                         obj=f"controller {self.cfg.controller_url}",
                         fix="check `lark-controller status` (is a switch connected?), or set "

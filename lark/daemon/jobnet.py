@@ -177,9 +177,17 @@ class JobNetworker:
                     if self.fireflies is not None:
                         self.fireflies.watch(plan.key, plan.job_id, ns_fd, plan.scitag,
                                              {a for a in (net.ipv4, net.ipv6) if a})
-                self.fw.add_job(net, n)
                 # Before the answer to the wrapper: the pool switch has the job's flows before its program runs.
-                self.controller.register(net, n.job_mac if mode.bridged else "")
+                decision = self.controller.register(net, n.job_mac if mode.bridged else "")
+                if decision.get("blocked_by") or decision.get("wan_drop"):
+                    # The switch drops the job's traffic (or its WAN traffic), but its DNS goes to the forwarder on
+                    # this host, before the switch, and on from the host's resolver: name lookups would be its
+                    # tunnel out. So the firewall admits it to no DNS.
+                    net = net.with_addresses(dns_revoked_by=decision.get("blocked_by") or decision["wan_policy"])
+                    rec.plan = net.to_dict()
+                    log.info("job %s: no DNS, as the pool controller's policy %s drops its %s", plan.job_id,
+                             net.dns_revoked_by, "traffic" if decision.get("blocked_by") else "WAN traffic")
+                self.fw.add_job(net, n)
                 self.acct.start(plan.key, rec.created, n.host_if if mode.counts_by_link else None)
         finally:
             os.close(ns_fd)

@@ -17,8 +17,13 @@ resolv.conf, so it steers the packets instead:
   source to the job's own address, and drops anything from outside addressed to 127.0.0.0/8 (route_localnet,
   which the DNAT needs, would otherwise expose the job's loopback to its link). Bridged jobs get a host route
   to the service address via the host's address on their bridge.
-* the host firewall lets a job reach only that address and port (the rest of the host stays closed) and
-  counts the queries and answers in the job's bytes (firewall/nftables.py, the `dns_*` pieces).
+* the host firewall lets a job reach only that address and port (the rest of the host stays closed), only when
+  its policy allows outbound connections (a name lookup carries data out to any zone's server, so without
+  outbound connectivity DNS would be a tunnel), at most `dns_query_rate` queries a second (one job cannot fill
+  the forwarder's table of pending queries), and counts the queries and answers in the job's bytes (the `dns_*`
+  pieces of firewall/nftables.py and firewall/iptables.py).
+* dnsmasq drops root for `dns_user` (created here when missing), a user no job runs as: with dnsmasq's default
+  (nobody), a job running as nobody could signal it and end every job's name resolution.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import pwd
 import signal
 import threading
 import time
@@ -43,6 +49,12 @@ from .firewall.base import run_tool
 
 log = logging.getLogger(__name__)
 RTNH_F_ONLINK = 4
+# The forwarder's table of queries waiting for an upstream answer (dnsmasq's --dns-forward-max, default 150; dnsmasq
+# 2.90 counts it per upstream server, and the forwarder's is usually the one loopback resolver): when it is full,
+# every job's new queries are refused. A query for a zone whose server stalls holds its entry for
+# dnsmasq's 10 s timeout, so one job at `dns_query_rate` holds at most 2 * rate + 10 * rate entries (240 at the
+# default of 20): this many take 17 such jobs at once. dnsmasq shares 64 sockets among them: entries are cheap.
+FORWARD_MAX = 4096
 
 
 def loopback_nameservers(path: str, version: int = 4) -> list[str]:
@@ -123,6 +135,31 @@ def host_address_on(ipr: IPRoute, ifname: str) -> str | None:
     return None
 
 
+def _uid_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def ensure_user(name: str) -> int:
+    """The uid of `dns_user`, created as a system user with its own group when it is missing (what the packages'
+    sysusers.d entry would do; an admin who manages users centrally provisions it instead)."""
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        pass
+    what = f"the DNS forwarder's user {name!r} (config key dns_user)"
+    cp = run_tool(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                   "--shell", "/usr/sbin/nologin", "--comment", "Lark DNS forwarder", name], what=what, check=False)
+    if cp.returncode != 0:
+        raise LarkError(f"useradd failed: {cp.stderr.strip()[:300]}", obj=what,
+                        fix=f"create it (a system user no job runs as, e.g. `useradd --system --user-group {name}`) "
+                            "or name an existing one in LARK_DNS_USER")
+    log.info("created system user %s for the DNS forwarder", name)
+    return pwd.getpwnam(name).pw_uid
+
+
 class Forwarder:
     """The host-side DNS forwarder: a Lark-owned device holding `dns_address`, and a dnsmasq on it."""
 
@@ -157,7 +194,14 @@ class Forwarder:
         """Device, address and dnsmasq present; cheap when they are (called before every job that needs it)."""
         with self._lock:
             self._ensure_device(ipr)
-            if self.running_pid() is None:
+            uid = ensure_user(self.cfg.dns_user)
+            pid = self.running_pid()
+            if pid is not None and _uid_of(pid) != uid:
+                # Started by an older larkd, as nobody (or before dns_user changed): jobs could signal it.
+                log.warning("DNS forwarder (pid %d) does not run as %s: restarting it", pid, self.cfg.dns_user)
+                self._terminate(pid)
+                pid = None
+            if pid is None:
                 self._start()
 
     def _ensure_device(self, ipr: IPRoute) -> None:
@@ -186,7 +230,8 @@ class Forwarder:
         # resolver (the one it forwards to) may be listening.
         return ["dnsmasq", "--conf-file=/dev/null", f"--pid-file={self.pid_file}",
                 f"--listen-address={self.cfg.dns_address}", "--bind-interfaces",
-                f"--no-dhcp-interface={DNS_DEVICE}", f"--resolv-file={self.cfg.resolv_conf}", "--no-hosts"]
+                f"--no-dhcp-interface={DNS_DEVICE}", f"--resolv-file={self.cfg.resolv_conf}", "--no-hosts",
+                f"--dns-forward-max={FORWARD_MAX}", *dns6.run_as(self.cfg)]
 
     def _start(self) -> None:
         os.makedirs(self.cfg.run_dir, exist_ok=True)
@@ -203,16 +248,21 @@ class Forwarder:
         log.info("DNS forwarder listening on %s:53, forwarding to the nameservers of %s (pid %s)",
                  self.cfg.dns_address, self.cfg.resolv_conf, self.running_pid())
 
+    @staticmethod
+    def _terminate(pid: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            if not os.path.exists(f"/proc/{pid}"):
+                break
+            time.sleep(0.02)
+
     def stop(self, ipr: IPRoute | None = None) -> bool:
         """End our dnsmasq (by its pid file) and remove the device; safe to repeat."""
         done = False
         pid = self.running_pid()
         if pid is not None:
-            os.kill(pid, signal.SIGTERM)
-            for _ in range(100):
-                if not os.path.exists(f"/proc/{pid}"):
-                    break
-                time.sleep(0.02)
+            self._terminate(pid)
             done = True
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.pid_file)

@@ -7,13 +7,15 @@ counted in Ip6InAddrErrors and dropped). So ::1 must be answered inside the job'
 dnsmasq there (one per job, only when the host's resolv.conf has an IPv6 loopback nameserver) that listens on
 [::1]:53 only and forwards to the host's forwarder at `dns_address`, over the job's own link, so the queries take
 the same allowed and counted path as the IPv4 ones and are answered from the host's resolver. The job cannot
-touch it: it runs as dnsmasq's unprivileged user after binding (and is then not dumpable, so a job with the same
-uid cannot ptrace it), in a netns where the job has no CAP_NET_ADMIN. Teardown stops it before the netns goes.
+touch it: it runs as `dns_user` after binding (never nobody, which jobs run as: a job could signal another job's
+relay), in a netns where the job has no CAP_NET_ADMIN. Teardown stops it before the netns goes.
 """
 from __future__ import annotations
 
+import grp
 import logging
 import os
+import pwd
 import shutil
 import time
 
@@ -25,6 +27,18 @@ from .firewall.base import run_tool
 log = logging.getLogger(__name__)
 
 
+def run_as(cfg: Config) -> list[str]:
+    """dnsmasq's options to drop root for `dns_user` and its primary group (its defaults are nobody and dip)."""
+    try:
+        user = pwd.getpwnam(cfg.dns_user)
+        group = grp.getgrgid(user.pw_gid).gr_name
+    except KeyError:
+        raise LarkError(f"user {cfg.dns_user!r} or its primary group does not exist", obj="config key dns_user",
+                        fix=f"create a system user no job runs as: useradd --system --user-group {cfg.dns_user}") \
+            from None
+    return [f"--user={cfg.dns_user}", f"--group={group}"]
+
+
 def relay_dir(cfg: Config, netns_path: str) -> str:
     return os.path.join(cfg.run_dir, "dns6", os.path.basename(netns_path))
 
@@ -33,7 +47,7 @@ def relay_argv(cfg: Config, netns_path: str, listen: list[str]) -> list[str]:
     d = relay_dir(cfg, netns_path)
     return ["nsenter", f"--net={netns_path}", "dnsmasq", "--conf-file=/dev/null", f"--pid-file={d}/dnsmasq.pid",
             *(f"--listen-address={a}" for a in listen), "--bind-interfaces", "--no-resolv", "--no-hosts",
-            f"--server={cfg.dns_address}", "--cache-size=0"]
+            f"--server={cfg.dns_address}", "--cache-size=0", *run_as(cfg)]
 
 
 def start_relay(cfg: Config, netns_path: str, listen: list[str], job: str) -> int:

@@ -67,6 +67,13 @@ class Firewall(abc.ABC):
         """Whether any shared object exists (for gc and doctor)."""
 
 
+def dns_allowed(cfg: Config, net: JobNetwork) -> bool:
+    """Whether the firewall admits the job to the host's DNS forwarder (lark/kernel/dns.py). Not without outbound
+    connectivity, nor when the pool controller drops its traffic or WAN traffic: query names carry data to any
+    zone's server, so DNS would be the job's tunnel out."""
+    return cfg.dns_forward and net.outbound and not net.dns_revoked_by
+
+
 def run_tool(argv: list[str], *, input: str | None = None, what: str, check: bool = True,
              timeout: float = 30) -> subprocess.CompletedProcess:
     try:

@@ -1,8 +1,9 @@
 """iptables backend for sites whose firewall is iptables-managed.
 
 Lark owns only chains named LARK-* and one jump rule from each built-in chain it needs. Per-job objects are
-chains (LARK-<key>-PRE/OUT/IN/DNAT) entered by jump rules with fixed specs, so removal needs no rule numbers.
-Same behaviour as the nftables backend; counters are the sums of the job chains' ACCEPT rule counters.
+chains (LARK-<key>-PRE/OUT/IN/DNAT, and DOUT/DIN for its DNS to the host's forwarder) entered by jump rules with
+fixed specs, so removal needs no rule numbers. Same behaviour as the nftables backend; counters are the sums of the
+job chains' ACCEPT (and, for DNS answers, RETURN) rule counters.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from ...names import HOST_IF_PREFIX, KEY_PATTERN, JobNames
 from ...plan import JobNetwork
 from .. import forwarding
 from ..drift import Finding, drifted, present
-from .base import Counters, Firewall, run_tool
+from .base import Counters, Firewall, dns_allowed, run_tool
 
 log = logging.getLogger(__name__)
 WILD = HOST_IF_PREFIX + "+"
@@ -22,10 +23,15 @@ BASE = [  # (table, built-in chain, our chain)
     ("raw", "PREROUTING", "LARK-PRE"),
     ("filter", "FORWARD", "LARK-FWD"),
     ("filter", "INPUT", "LARK-INPUT"),
+    ("filter", "OUTPUT", "LARK-OUTPUT"),  # per job: DNS answers to it, counted (LARK-<key>-DIN)
     ("nat", "PREROUTING", "LARK-DNAT"),
     ("nat", "POSTROUTING", "LARK-POST"),
 ]
-JOB_CHAIN_RE = re.compile(rf"^LARK-({KEY_PATTERN})-(PRE|OUT|IN|DNAT)$")
+JOB_CHAIN_RE = re.compile(rf"^LARK-({KEY_PATTERN})-(PRE|OUT|IN|DNAT|DOUT|DIN)$")
+# DNS queries to the host's forwarder (lark/kernel/dns.py) from job devices go here, then to the job's own DOUT
+# chain; a job without one (no outbound connectivity) returns to LARK-INPUT's drop. Not flushed by ensure_base: it
+# holds per-job jumps, which must survive a larkd restart.
+DNS_CHAIN = "LARK-DNS"
 EST = ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED"]
 NEW = ["-m", "conntrack", "--ctstate", "NEW"]
 IPT_FIX = ("something other than larkd changed Lark's LARK-* chains (`iptables -F/-X/-D`, a firewall manager "
@@ -57,13 +63,14 @@ class IptablesFirewall(Firewall):
                 self._ipt(table, "-N", chain)
             if self._ipt(table, "-C", parent, "-j", chain, check=False).returncode != 0:
                 self._ipt(table, "-I", parent, "1", "-j", chain)
+        if DNS_CHAIN not in self._chains("filter"):
+            self._ipt("filter", "-N", DNS_CHAIN)
         # Chains without per-job content are rebuilt from config every time.
         self._ipt("filter", "-F", "LARK-INPUT")
         if cfg.dns_forward:
-            # NAT jobs' DNS to the host's forwarder (lark/kernel/dns.py); not counted in this backend.
             for proto in ("udp", "tcp"):
                 self._ipt("filter", "-A", "LARK-INPUT", "-i", WILD, "-d", cfg.dns_address, "-p", proto,
-                          "--dport", "53", "-j", "ACCEPT")
+                          "--dport", "53", "-j", DNS_CHAIN)
         self._ipt("filter", "-A", "LARK-INPUT", "-i", WILD, *EST, "-j", "ACCEPT")
         if not cfg.allow_job_to_host:
             self._ipt("filter", "-A", "LARK-INPUT", "-i", WILD, "-j", "DROP")
@@ -98,6 +105,8 @@ class IptablesFirewall(Firewall):
             self._ipt(table, "-D", parent, "-j", chain, check=False)
             self._ipt(table, "-F", chain, check=False)
             self._ipt(table, "-X", chain, check=False)
+        self._ipt("filter", "-F", DNS_CHAIN, check=False)  # after LARK-INPUT, which jumps to it
+        self._ipt("filter", "-X", DNS_CHAIN, check=False)
         self._ipt("raw", "-D", "PREROUTING", "-i", WILD, "-j", "DROP", check=False, v6=True)
 
     def base_present(self) -> bool:
@@ -111,6 +120,9 @@ class IptablesFirewall(Firewall):
             ("filter", "LARK-FWD", ["-i", hif, "-g", f"LARK-{k}-OUT"], f"LARK-{k}-OUT"),
             ("filter", "LARK-FWD", ["-o", hif, "-g", f"LARK-{k}-IN"], f"LARK-{k}-IN"),
             ("nat", "LARK-DNAT", ["-j", f"LARK-{k}-DNAT"], f"LARK-{k}-DNAT"),
+            ("filter", DNS_CHAIN, ["-i", hif, "-g", f"LARK-{k}-DOUT"], f"LARK-{k}-DOUT"),
+            ("filter", "LARK-OUTPUT", ["-o", hif, "-s", self.cfg.dns_address, "-j", f"LARK-{k}-DIN"],
+             f"LARK-{k}-DIN"),
         ]
 
     def add_job(self, plan: JobNetwork, names: JobNames) -> None:
@@ -151,13 +163,31 @@ class IptablesFirewall(Firewall):
             for proto in ("tcp", "udp"):
                 dnat.append(line("-A", f"LARK-{k}-DNAT", "-i", up, "-p", proto, "--dport", str(plan.inbound_port),
                                  "-j", "DNAT", "--to-destination", f"{plan.ipv4}:{plan.inbound_port}"))
+        dns: list[str] = []
         jumps: dict[str, list[str]] = {t: [] for t in ("raw", "filter", "nat")}
-        for table, parent, spec, _ in self._job_jumps(names):
+        for table, parent, spec, chain in self._job_jumps(names):
+            if chain.endswith(("-DOUT", "-DIN")):
+                if not dns_allowed(cfg, plan):
+                    continue
+                dns.append(f":{chain} - [0:0]")
             jumps[table].append(line("-I", parent, "1", *spec))
+        if dns:
+            dout, din = f"LARK-{k}-DOUT", f"LARK-{k}-DIN"
+            rate = cfg.dns_query_rate
+            # UDP datagrams and TCP connection attempts are queries, limited per job (this chain's own limit);
+            # the rest of a TCP connection passes. Each accepted packet is counted as the job's.
+            dns.append(line("-A", dout, "-p", "tcp", "!", "--syn", "-j", "ACCEPT"))
+            if rate:
+                dns.append(line("-A", dout, "-m", "limit", "--limit", f"{rate}/second", "--limit-burst",
+                                str(2 * rate), "-j", "ACCEPT"))
+                dns.append(line("-A", dout, "-j", "DROP"))
+            else:
+                dns.append(line("-A", dout, "-j", "ACCEPT"))
+            dns.append(line("-A", din, "-j", "RETURN"))  # only counts: the host's own output policy decides
         text = "\n".join([
             "*raw", f":LARK-{k}-PRE - [0:0]", line("-A", f"LARK-{k}-PRE", "!", "-s", plan.ipv4, "-j", "DROP"),
             *jumps["raw"], "COMMIT",
-            "*filter", *out, *inn, *jumps["filter"], "COMMIT",
+            "*filter", *out, *inn, *dns, *jumps["filter"], "COMMIT",
             "*nat", *dnat, *jumps["nat"], "COMMIT", ""])
         return text
 
@@ -207,14 +237,15 @@ class IptablesFirewall(Firewall):
     def read_counters(self) -> dict[str, Counters]:
         out: dict[str, Counters] = {}
         for line in self._save("filter"):
-            m = re.match(r"^\[(\d+):(\d+)\] -A (\S+) .*-j ACCEPT$", line)  # job chains: JOB_CHAIN_RE below
+            m = re.match(r"^\[(\d+):(\d+)\] -A (\S+) .*-j (ACCEPT|RETURN)$", line)  # job chains: JOB_CHAIN_RE
             if not m:
                 continue
             jm = JOB_CHAIN_RE.match(m.group(3))
-            if not jm or jm.group(2) not in ("OUT", "IN"):
+            if not jm or (jm.group(2), m.group(4)) not in (("OUT", "ACCEPT"), ("IN", "ACCEPT"), ("DOUT", "ACCEPT"),
+                                                           ("DIN", "RETURN")):
                 continue
             c = out.setdefault(jm.group(1), Counters())
-            if jm.group(2) == "OUT":
+            if jm.group(2) in ("OUT", "DOUT"):
                 c.packets_out += int(m.group(1))
                 c.bytes_out += int(m.group(2))
             else:

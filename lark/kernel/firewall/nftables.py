@@ -15,7 +15,7 @@ from ...plan import JobNetwork
 from .. import forwarding
 from ..drift import Finding
 from . import libnft, nftcounters, nftverify
-from .base import Counters, Firewall
+from .base import Counters, Firewall, dns_allowed
 
 log = logging.getLogger(__name__)
 WILDCARD = HOST_IF_PREFIX + "*"
@@ -34,6 +34,10 @@ ALL_MAPS = (*MAPS, *BR_MAPS, *DNS_MAPS, *BR_DNS_MAPS)
 # The MACs of OVS jobs, each element commented with the job's host_if (for gc): the host guard's view of "from a
 # job port" on the OVS bridge's internal port (see _ovs_host_guard).
 OVS_JOBS = "ovs_jobs"
+# The MACs of OVS jobs that may use the DNS forwarder (their policy allows outbound connections), and each one's
+# query rate limit (a dynamic set: an element per MAC, made by its first query, gone a minute after its last).
+OVS_DNS_JOBS = "ovs_dns_jobs"
+OVS_DNS_RATE = "ovs_dns_rate"
 
 
 def _payload(proto: str, field: str) -> dict:
@@ -155,13 +159,38 @@ class NftablesFirewall(Firewall):
                 {"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": {"set": ["udp", "tcp"]}}},
                 {"match": {"op": "==", "left": _payload("th", port), "right": 53}}]
 
+    def _dns_rate_limited(self, chain: str, match: list[dict], accept: list[dict], t: dict | None = None,
+                          per_mac: bool = False) -> list[dict]:
+        """Rules of `chain` that pass one job's DNS matching `match` with `accept`, after dropping what exceeds
+        `dns_query_rate`: UDP datagrams and TCP connection attempts are queries (each can hold an entry of the
+        forwarder's table); the rest of a TCP connection passes. The limit is the rule's own, so per job for a
+        per-job chain; `per_mac`: one shared rule keyed by source MAC (OVS jobs, all in the base chain)."""
+        rate = self.cfg.dns_query_rate
+        if not rate:
+            return [self._rule(chain, *match, *accept, t=t)]
+        limit = {"limit": {"rate": rate, "burst": 2 * rate, "per": "second", "inv": True}}
+        if per_mac:
+            limit = {"set": {"op": "update", "elem": _payload("ether", "saddr"), "set": f"@{OVS_DNS_RATE}",
+                             "stmt": [limit]}}
+        # TCP's flags byte read raw (offset 13): `tcp flags` would add a protocol dependency that clashes with the
+        # udp-or-tcp match of `match`. SYN without ACK opens a connection.
+        flags = {"payload": {"base": "th", "offset": 13 * 8, "len": 8}}
+        not_syn = [_meta("l4proto", "tcp"), {"match": {"op": "!=", "left": {"&": [flags, 0x12]}, "right": 0x02}}]
+        return [self._rule(chain, *match, *not_syn, *accept, t=t),
+                self._rule(chain, *match, limit, {"drop": None}, t=t),
+                self._rule(chain, *match, *accept, t=t)]
+
     def _dns_base(self) -> list[dict]:
         """inet table: jobs may reach the forwarder's port 53 and nothing else of its address; counted per job.
-        Goes first in `inp`, before the established-accept, so every query is counted."""
+        Goes first in `inp`, before the established-accept, so every query is counted (and rate limited)."""
         if not self.cfg.dns_forward:
             return []
         t, dns = self.t, self.cfg.dns_address
         cmds: list[dict] = [{"add": {"map": {**t, "name": m, "type": "ifname", "map": "verdict"}}} for m in DNS_MAPS]
+        # (nft 1.0.6's JSON has no "dynamic" flag: the rule that updates the set makes it one.)
+        cmds += [{"add": {"set": {**t, "name": OVS_DNS_JOBS, "type": "ether_addr"}}},
+                 {"add": {"set": {**t, "name": OVS_DNS_RATE, "type": "ether_addr", "flags": ["timeout"],
+                                  "timeout": 60, "size": 65536}}}]
         cmds += [{"add": {"chain": {**t, "name": "outp", "type": "filter", "hook": "output", "prio": 0,
                                     "policy": "accept"}}},
                  {"flush": {"chain": {**t, "name": "outp"}}}]
@@ -171,12 +200,12 @@ class NftablesFirewall(Firewall):
                                                                    "data": "@dns_from_job"}}),
             self._rule("inp", *self._dns_match("daddr"), _meta("mark", DNS_MARK), {"accept": None}),
         ]
-        if self.cfg.bridge_range:
-            # OVS jobs arrive on the bridge's internal port; its OpenFlow rules pin each job to its address.
-            first, last = (x.strip() for x in self.cfg.bridge_range.split("-"))
-            cmds.append(self._rule("inp", *self._dns_match("daddr"), _meta("iifname", self.cfg.ovs_bridge_name),
-                                   {"match": {"op": "==", "left": _payload("ip", "saddr"),
-                                              "right": {"range": [first, last]}}}, {"accept": None}))
+        # OVS jobs arrive on the bridge's internal port, known by MAC: a port's OpenFlow allowlist lets out only its
+        # job's MAC (and address), and the uplink's guard flow drops anything for dns_address from the site.
+        cmds += self._dns_rate_limited("inp", [*self._dns_match("daddr"), _meta("iifname", self.cfg.ovs_bridge_name),
+                                               {"match": {"op": "==", "left": _payload("ether", "saddr"),
+                                                          "right": f"@{OVS_DNS_JOBS}"}}],
+                                       [{"accept": None}], per_mac=True)
         # Nobody else (the site's neighbours included) talks to the forwarder.
         cmds.append(self._rule("inp", to_dns, _meta("iifname", "lo", op="!="), {"drop": None}))
         cmds.append(self._rule("outp", *self._dns_match("saddr"),
@@ -201,20 +230,22 @@ class NftablesFirewall(Firewall):
                 self._rule("inp", *from_jobs, neighbour_discovery, {"accept": None}),
                 self._rule("inp", *from_jobs, {"drop": None})]
 
-    def _ovs_job_element(self, verb: str, names: JobNames) -> dict:
+    def _ovs_job_element(self, verb: str, names: JobNames, set_name: str = OVS_JOBS) -> dict:
         elem = {"elem": {"val": names.job_mac, "comment": names.host_if}} if verb == "add" else names.job_mac
-        return {verb: {"element": {**self.t, "name": OVS_JOBS, "elem": [elem]}}}
+        return {verb: {"element": {**self.t, "name": set_name, "elem": [elem]}}}
 
-    def _dns_job(self, names: JobNames) -> list[dict]:
-        if not self.cfg.dns_forward:
+    def _dns_job(self, plan: JobNetwork, names: JobNames) -> list[dict]:
+        if not dns_allowed(self.cfg, plan):
             return []
         t, j = self.t, names.nft_id
         cmds: list[dict] = []
         for mapname, suffix in DNS_MAPS.items():
-            dns_chain = {**t, "name": f"{j}_{suffix}"}
-            cmds += [{"add": {"chain": dns_chain}}, {"flush": {"chain": dns_chain}}]
-            counter = f"{j}_out" if suffix == "dout" else f"{j}_in"
-            cmds.append(self._rule(f"{j}_{suffix}", {"counter": counter}, {"accept": None}))
+            cmds += [{"add": {"chain": {**t, "name": f"{j}_{suffix}"}}},
+                     {"flush": {"chain": {**t, "name": f"{j}_{suffix}"}}}]
+            if suffix == "dout":
+                cmds += self._dns_rate_limited(f"{j}_dout", [], [{"counter": f"{j}_out"}, {"accept": None}])
+            else:
+                cmds.append(self._rule(f"{j}_din", {"counter": f"{j}_in"}, {"accept": None}))
             cmds.append({"add": {"element": {**t, "name": mapname,
                                              "elem": [[names.host_if, {"goto": {"target": f"{j}_{suffix}"}}]]}}})
         return cmds
@@ -238,8 +269,8 @@ class NftablesFirewall(Firewall):
                             t=tb)]
         return cmds
 
-    def _dns_bridge_job(self, names: JobNames) -> list[dict]:
-        if not self.cfg.dns_forward:
+    def _dns_bridge_job(self, plan: JobNetwork, names: JobNames) -> list[dict]:
+        if not dns_allowed(self.cfg, plan):
             return []
         tb, j = self.tb, names.nft_id
         mark = {"mangle": {"key": {"meta": {"key": "mark"}}, "value": DNS_MARK}}
@@ -248,8 +279,8 @@ class NftablesFirewall(Firewall):
             cmds += [{"add": {"chain": {**tb, "name": f"{j}_{suffix}"}}},
                      {"flush": {"chain": {**tb, "name": f"{j}_{suffix}"}}}]
         # Other frames return to `inp`, whose catch-all drop keeps the rest of the host closed.
-        cmds.append(self._rule(f"{j}_bdout", _meta("protocol", "ip"), *self._dns_match("daddr"),
-                               {"counter": f"{j}_out"}, mark, {"accept": None}, t=tb))
+        cmds += self._dns_rate_limited(f"{j}_bdout", [_meta("protocol", "ip"), *self._dns_match("daddr")],
+                                       [{"counter": f"{j}_out"}, mark, {"accept": None}], t=tb)
         cmds.append(self._rule(f"{j}_bdin", _meta("protocol", "ip"), *self._dns_match("saddr"),
                                {"counter": f"{j}_in"}, t=tb))
         for mapname, suffix in BR_DNS_MAPS.items():
@@ -331,7 +362,7 @@ class NftablesFirewall(Firewall):
             verdict = "goto" if suffix == "bpre" else "jump"
             cmds.append({"add": {"element": {**tb, "name": mapname,
                                              "elem": [[names.host_if, {verdict: {"target": f"{j}_{suffix}"}}]]}}})
-        cmds += self._dns_bridge_job(names)
+        cmds += self._dns_bridge_job(plan, names)
         # With br_netfilter loaded, bridged IP also crosses the inet hooks: let the job's port through there
         # (the bridge table above already filtered it) instead of hitting the unknown-job-interface drops.
         for mapname in MAPS:
@@ -433,8 +464,8 @@ class NftablesFirewall(Firewall):
         if plan.network_type == "ovs_bridge":
             # Switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py). The host guard only needs
             # its MAC, in before the job runs.
-            self._apply(self._ovs_job(plan, names),
-                        f"nft set {OVS_JOBS} (host guard) entry of job {plan.job_id} ({names.host_if})")
+            self._apply(self._ovs_job(plan, names), f"nft sets {OVS_JOBS}, {OVS_DNS_JOBS} (host guard, DNS) entries "
+                                                    f"of job {plan.job_id} ({names.host_if})")
             return
         if plan.network_type == "bridge":
             what = f"nft bridge rules of job {plan.job_id} ({names.host_if})"
@@ -461,7 +492,10 @@ class NftablesFirewall(Firewall):
         return nftverify.verify_cmds(self.job_cmds(plan, names))
 
     def _ovs_job(self, plan: JobNetwork, names: JobNames) -> list[dict]:
-        return [self._ovs_job_element("add", names)]
+        elements = [self._ovs_job_element("add", names)]
+        if dns_allowed(self.cfg, plan):
+            elements.append(self._ovs_job_element("add", names, OVS_DNS_JOBS))
+        return elements
 
     def _nat_job(self, plan: JobNetwork, names: JobNames) -> list[dict]:
         cfg, t, j = self.cfg, self.t, names.nft_id
@@ -493,7 +527,7 @@ class NftablesFirewall(Firewall):
                                              "elem": [[names.host_if, {"goto": {"target": f"{j}_{suffix}"}}]]}}})
         if plan.inbound and plan.inbound_port:
             cmds.append({"add": {"element": {**t, "name": "inbound", "elem": [[plan.inbound_port, plan.ipv4]]}}})
-        cmds += self._dns_job(names)
+        cmds += self._dns_job(plan, names)
         return cmds
 
     def _table_objs(self) -> list[tuple[dict, list[dict]]]:
@@ -512,8 +546,9 @@ class NftablesFirewall(Firewall):
         guard: list[dict] = []  # an OVS job's only object here: its MAC in the host guard's set
         # One listing per table serves both the final counter reading and the delete batch.
         for t, objs in self._table_objs():
-            if t is self.t and names.job_mac in {mac for mac, _ in self._ovs_elements(objs)}:
-                guard.append(self._ovs_job_element("delete", names))
+            for set_name in (OVS_JOBS, OVS_DNS_JOBS):
+                if t is self.t and names.job_mac in {mac for mac, _ in self._ovs_elements(objs, set_name)}:
+                    guard.append(self._ovs_job_element("delete", names, set_name))
             for o in objs:
                 m = o.get("map")
                 if m and m.get("name") in ALL_MAPS:
@@ -548,12 +583,12 @@ class NftablesFirewall(Firewall):
         return final if found else Counters()
 
     @staticmethod
-    def _ovs_elements(objs: list[dict]) -> list[tuple[str, str]]:
-        """(MAC, comment) of each element of the OVS jobs' set in a table listing."""
+    def _ovs_elements(objs: list[dict], set_name: str = OVS_JOBS) -> list[tuple[str, str]]:
+        """(MAC, comment) of each element of an OVS jobs' set in a table listing."""
         out = []
         for o in objs:
             s = o.get("set")
-            if s and s.get("name") == OVS_JOBS:
+            if s and s.get("name") == set_name:
                 for e in s.get("elem", []):
                     e = e.get("elem", e) if isinstance(e, dict) else {"val": e}
                     out.append((str(e.get("val", "")).lower(), str(e.get("comment", ""))))
@@ -591,7 +626,8 @@ class NftablesFirewall(Firewall):
     def job_keys(self) -> set[str]:
         keys = set()
         for _, objs in self._table_objs():
-            keys |= {key for _, host_if in self._ovs_elements(objs) if (key := key_from_host_if(host_if))}
+            keys |= {key for set_name in (OVS_JOBS, OVS_DNS_JOBS) for _, host_if in self._ovs_elements(objs, set_name)
+                     if (key := key_from_host_if(host_if))}
             for o in objs:
                 for kind in ("chain", "counter"):
                     name = o.get(kind, {}).get("name", "")
