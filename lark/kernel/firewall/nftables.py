@@ -187,10 +187,8 @@ class NftablesFirewall(Firewall):
             return []
         t, dns = self.t, self.cfg.dns_address
         cmds: list[dict] = [{"add": {"map": {**t, "name": m, "type": "ifname", "map": "verdict"}}} for m in DNS_MAPS]
-        # (nft 1.0.6's JSON has no "dynamic" flag: the rule that updates the set makes it one.)
-        cmds += [{"add": {"set": {**t, "name": OVS_DNS_JOBS, "type": "ether_addr"}}},
-                 {"add": {"set": {**t, "name": OVS_DNS_RATE, "type": "ether_addr", "flags": ["timeout"],
-                                  "timeout": 60, "size": 65536}}}]
+        # OVS_DNS_RATE is made by ensure_base in nft's text syntax: see _dns_rate_set.
+        cmds += [{"add": {"set": {**t, "name": OVS_DNS_JOBS, "type": "ether_addr"}}}]
         cmds += [{"add": {"chain": {**t, "name": "outp", "type": "filter", "hook": "output", "prio": 0,
                                     "policy": "accept"}}},
                  {"flush": {"chain": {**t, "name": "outp"}}}]
@@ -436,7 +434,21 @@ class NftablesFirewall(Firewall):
                                               "right": {"prefix": {"addr": str(net6.network_address),
                                                                    "len": net6.prefixlen}}}},
                                    {"masquerade": None}))
+        self._dns_rate_set()
         self._apply(cmds, f"nft table inet {self.table}")
+
+    def _dns_rate_set(self) -> None:
+        """The OVS jobs' DNS rate set, before the base rules that update it. In nft's text syntax because the set
+        must be declared `dynamic`: the rule that updates it makes it so, and nft 1.0.6's JSON has no such flag, so
+        an `add set` without it on larkd's restart failed with "File exists" and larkd could not start."""
+        if not self.cfg.dns_forward:
+            return
+        rc, _, err = libnft.get().run(
+            f"add table inet {self.table}\n"
+            f"add set inet {self.table} {OVS_DNS_RATE} "
+            "{ type ether_addr; flags dynamic,timeout; timeout 60s; size 65536; }")
+        if rc != 0:
+            raise LarkError(f"nft failed: {err.strip()[:500]}", obj=f"nft set inet {self.table} {OVS_DNS_RATE}")
 
     def ensure_bridge_base(self) -> None:
         """The bridge table's base chains, which drop every frame from a job port that has no rules yet except
