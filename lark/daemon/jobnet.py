@@ -79,7 +79,6 @@ class JobNetworker:
         except OSError as e:
             log.error("job %s: no SciTags fireflies after larkd's restart: %s", rec.job_id, e)
 
-
     @property
     def pools(self) -> list:
         return ([m.pool for m in self.modes.values()] + [m.pool6 for m in self.modes.values() if m.pool6]
