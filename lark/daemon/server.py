@@ -563,7 +563,11 @@ class Larkd:
         if decided is None:
             try:
                 plan = await self.decide_plan(starter, key)
-                self.net.check_feasible(plan)  # what setup would refuse, refused before the job starts
+                try:
+                    self.net.check_feasible(plan)  # what setup would refuse, refused before the job starts
+                except LarkError as e:
+                    tag_failure(e, "policy")   # a refusal of the plan: LarkJobsRefused counts it with the policy's
+                    raise
                 decided = plan.to_dict()
             except LarkError as e:
                 decided = e

@@ -153,6 +153,8 @@ def test_check_and_setup_refuse_an_infeasible_job_with_the_same_reason_and_touch
     with pytest.raises(LarkError) as at_check:
         ask(d, "check")
     assert "the job wants IPv6 but nat mode has no IPv6 pool" in str(at_check.value)
+    # counted as a refusal of the plan (lark_failures_total{reason="policy"}, the LarkJobsRefused alert's input)
+    assert getattr(at_check.value, "metric_reason", None) == "policy"
     d.checked.clear()
     with pytest.raises(LarkError) as at_setup:
         ask(d, "setup")
