@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from condor import as_root, as_user, history, job, starts, submit, testbed, wait_queue
+from condor import SUBMITTED, as_root, as_user, history, job, starts, submit, testbed, wait_queue
+
+import eventlog  # noqa: E402 (testbed/, put on the path by condor)
 
 pytestmark = pytest.mark.e2e
 
@@ -145,8 +147,11 @@ def test_condor_ssh_to_job_never_lands_in_the_hosts_network(pool):
     """The starter runs the session's sshd in a fresh empty netns of its own (NO_JOB_NETWORKING) and through
     Lark's wrapper, which lets it run there without a network: the session sees neither the host's uplink nor
     its addresses, and the job it visits keeps running and finishes once. (Landing in the job's own netns needs
-    larkd to start the sshd there: docs/design.md, "File transfer".)"""
-    c = submit("ssh-nat", job(exe="/bin/sleep", args="25"))
+    larkd to start the sshd there: docs/design.md, "File transfer".)
+    The job runs until the test puts a file in its scratch directory (at most 4 minutes), not for a fixed time: on
+    a loaded machine a fixed 25 s ran out while the session was still connecting ("Connection closed")."""
+    c = submit("ssh-nat", job(exe="/bin/sh", args="-c 'i=0; while [ ! -e stop ] && [ $i -lt 240 ]; do sleep 1; "
+                                                   "i=$((i+1)); done'"))
     wait_queue(c, ["JobStatus"], lambda r: r[0] == "2", timeout=120)
     cp = as_user(["condor_ssh_to_job", "-auto-retry", str(c),
                   "cat /proc/net/dev; echo NETNS $(readlink /proc/self/ns/net)"])
@@ -154,9 +159,14 @@ def test_condor_ssh_to_job_never_lands_in_the_hosts_network(pool):
     devices = {line.split(":")[0].strip() for line in cp.stdout.splitlines()
                if ":" in line and "|" not in line and not line.startswith("NETNS")}
     assert devices <= {"lo", "ifb0", "ifb1"}, cp.stdout     # no up0 (the host's uplink), no veth of the host
-    job_ns = as_root(["sh", "-c", "readlink /proc/$(pgrep -n -x sleep)/ns/net"]).stdout.strip()
+    # the job's shell ("[e] stop" does not match the command line of the sh that runs pgrep)
+    job_ns = as_root(["sh", "-c", "readlink /proc/$(pgrep -n -f '[e] stop')/ns/net"]).stdout.strip()
     host_ns = as_root(["readlink", "/proc/self/ns/net"]).stdout.strip()
     session_ns = cp.stdout.split("NETNS", 1)[1].strip()
+    assert job_ns.startswith("net:"), job_ns
     assert session_ns != host_ns and job_ns != host_ns, (session_ns, job_ns, host_ns)
+    where = eventlog.last_execute(SUBMITTED[c] / "log.txt", f"{c}.0")
+    assert where is not None and where.scratch, "the job's execute event names no scratch directory"
+    (testbed.ROOT / where.scratch.lstrip("/") / "stop").touch()
     code, mode = history(c, ["ExitCode", "LarkNetworkType"], timeout=120)
     assert (code, mode) == ("0", "nat")
