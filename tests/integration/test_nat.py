@@ -66,11 +66,16 @@ def test_job_gets_its_address_in_env(host):
     assert "LARK_INBOUND_PORT" not in env
 
 
-def _world_connect(host, ip, port, timeout=2):
+def _connect_from(where, ip, port, timeout=2):
+    """What a client in `where` (host.in_world or host.in_host) reads from ip:port, or "ERR ..." if it cannot connect."""
     code = ("import socket,sys\n"
             f"try:\n s=socket.create_connection(('{ip}',{port}),timeout={timeout}); print(s.recv(100).decode().strip())\n"
             "except OSError as e: print('ERR', e)")
-    return sh(host.in_world(["python3", "-c", code])).stdout.strip()
+    return sh(where(["python3", "-c", code])).stdout.strip()
+
+
+def _world_connect(host, ip, port, timeout=2):
+    return _connect_from(host.in_world, ip, port, timeout)
 
 
 def test_inbound_refused_by_default(fw_host):
@@ -86,10 +91,7 @@ def test_inbound_refused_by_default(fw_host):
 
 
 def _host_connect(host, ip, port, timeout=2):
-    code = ("import socket\n"
-            f"try:\n s=socket.create_connection(('{ip}',{port}),timeout={timeout}); print(s.recv(100).decode().strip())\n"
-            "except OSError as e: print('ERR', e)")
-    return sh(host.in_host(["python3", "-c", code])).stdout.strip()
+    return _connect_from(host.in_host, ip, port, timeout)
 
 
 def test_a_process_on_the_ep_host_cannot_connect_into_a_nat_job(fw_host):
