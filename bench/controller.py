@@ -158,7 +158,7 @@ def main() -> int:
                 plain[k] += v
             # With the controller: it installs its base flows and every registered job's flows on connect.
             ofctl(pool, "del-flows", mgmt)
-            pool.ovs.vsctl("set-controller", BRIDGE, f"tcp:127.0.0.1:{pool.of_port}")
+            pool.ovs.vsctl("set-controller", BRIDGE, f"ssl:127.0.0.1:{pool.of_port}")   # set-ssl by start()
             if block == 0:
                 time.sleep(1)
                 pool.wait_switch()

@@ -35,14 +35,22 @@ def run(cfg: ControllerConfig) -> int:
     import os_ken.controller.controller  # noqa: F401  (registers the ofp-* options)
     oscfg.CONF(args=[], project="os_ken", default_config_files=[])
     oscfg.CONF.set_override("ofp_listen_host", cfg.openflow_host)
-    if cfg.openflow_tls:
+    # A connected switch is never replaced by another connection with its datapath id (ofapp), so a connection
+    # that died silently must be found: echo requests, disconnected after 3 unanswered (os-ken's default is never).
+    oscfg.CONF.set_override("echo_request_interval", 5.0)
+    oscfg.CONF.set_override("maximum_unreplied_echo_requests", 3)
+    if cfg.insecure_plain_openflow:
+        log.warning("[openflow] insecure_plain_openflow = true: OpenFlow on %s:%d is plain TCP, and anyone who "
+                    "reaches that port can act as the switch (replace it, or stall every registration); remove "
+                    "the knob and give the switch a certificate (docs/controller.md)", cfg.openflow_host,
+                    cfg.openflow_port)
+        oscfg.CONF.set_override("ofp_tcp_listen_port", cfg.openflow_port)
+    else:   # TLS only: with a key and certificate os-ken starts no plain listener; switches must present a cert
         oscfg.CONF.set_override("ofp_ssl_listen_port", cfg.openflow_port)
         oscfg.CONF.set_override("ofp_tcp_listen_port", 0)
         oscfg.CONF.set_override("ctl_privkey", cfg.key)
         oscfg.CONF.set_override("ctl_cert", cfg.cert)
         oscfg.CONF.set_override("ca_certs", cfg.ca)
-    else:
-        oscfg.CONF.set_override("ofp_tcp_listen_port", cfg.openflow_port)
     registry = Registry(cfg)
     ofapp.CONFIG, ofapp.REGISTRY = cfg, registry
     controller = Controller(cfg, registry)
@@ -52,9 +60,10 @@ def run(cfg: ControllerConfig) -> int:
         metrics.serve(cfg.metrics_address)
     api = ApiServer(cfg, controller, metrics)
     api.start()
-    log.info("lark-controller: OpenFlow on %s:%d%s, registration API (mutual TLS) on %s:%d, %d policies, "
-             "WAN ports %s", cfg.openflow_host, cfg.openflow_port, " (TLS)" if cfg.openflow_tls else "",
-             cfg.api_host, api.server_address[1], len(cfg.policies), cfg.wan_ports or "-")
+    log.info("lark-controller: OpenFlow on %s:%d (%s), registration API (mutual TLS) on %s:%d, %d policies, "
+             "WAN ports %s", cfg.openflow_host, cfg.openflow_port,
+             "plain TCP" if cfg.insecure_plain_openflow else "TLS", cfg.api_host, api.server_address[1],
+             len(cfg.policies), cfg.wan_ports or "-")
     def stop(signum: int, _frame) -> None:
         # os-ken's hub threads are not daemon threads, so a normal exit would wait for them forever. Nothing needs
         # saving: the flows stay on the switches and the registry comes back from the EPs' resyncs.
@@ -122,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("status", help="jobs, flows per job, totals and switches of the running controller")
     s.add_argument("--config", required=True)
     s.add_argument("--json", action="store_true")
-    c = sub.add_parser("certs", help="make a CA and a key/certificate per NAME (NAME=host,... adds addresses)")
+    c = sub.add_parser("certs", help="make a CA and a key/certificate per NAME (NAME=host,... adds addresses; "
+                       "switch:DPID makes a switch's, bound to its datapath id)")
     c.add_argument("--dir", required=True)
     c.add_argument("names", nargs="+")
     args = ap.parse_args(argv)

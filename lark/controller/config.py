@@ -32,8 +32,12 @@ class ControllerConfig:
     # [openflow]: switches connect here (OpenFlow 1.3)
     openflow_host: str = "0.0.0.0"
     openflow_port: int = 6653
-    # Optional OpenFlow over TLS: the switch presents a cert signed by `ca`; empty = plain TCP
-    openflow_tls: bool = False
+    # OpenFlow is over TLS with the [api] CA/cert/key: a switch presents a certificate signed by `ca` with the switch
+    # role, bound to its datapath id (lark.controller.certs). Plain TCP lets anyone who reaches the port act as the
+    # switch, so it takes this explicit knob (a warning at start).
+    insecure_plain_openflow: bool = False
+    # [openflow] tls, from configs older than issue 26: only `true` (the default) or false with the knob above
+    openflow_tls: bool | None = None
     # [api]: larkd registers jobs here over mutual TLS
     api_host: str = "0.0.0.0"
     api_port: int = 8443
@@ -82,6 +86,15 @@ class ControllerConfig:
         def bad(key: str, why: str, fix: str) -> LarkError:
             return LarkError(why, obj=f"controller config key {key!r}", fix=fix)
 
+        if not isinstance(self.insecure_plain_openflow, bool) or self.openflow_tls not in (None, True, False):
+            raise bad("openflow.insecure_plain_openflow", "tls and insecure_plain_openflow take true or false",
+                      "remove them: OpenFlow is over TLS by default")
+        if self.openflow_tls is False and not self.insecure_plain_openflow:
+            raise bad("openflow.tls", "tls = false would let anyone who reaches the OpenFlow port act as the switch",
+                      "remove it and give the switch a certificate (lark-controller certs switch:DPID), or write "
+                      "insecure_plain_openflow = true under [openflow] to accept that")
+        if self.openflow_tls is True and self.insecure_plain_openflow:
+            raise bad("openflow.tls", "tls = true contradicts insecure_plain_openflow = true", "keep one of them")
         for key in ("openflow_port", "api_port"):
             v = getattr(self, key)
             if not isinstance(v, int) or not 0 <= v <= 65535:
@@ -147,7 +160,8 @@ class ControllerConfig:
 
 
 _SECTIONS = {
-    "openflow": {"host": "openflow_host", "port": "openflow_port", "tls": "openflow_tls"},
+    "openflow": {"host": "openflow_host", "port": "openflow_port", "tls": "openflow_tls",
+                 "insecure_plain_openflow": "insecure_plain_openflow"},
     "api": {"host": "api_host", "port": "api_port", "ca": "ca", "cert": "cert", "key": "key",
             "admin_names": "admin_names"},
     "switch": {"wan_ports": "wan_ports", "site_prefixes": "site_prefixes", "barrier_timeout": "barrier_timeout",

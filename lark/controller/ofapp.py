@@ -1,6 +1,10 @@
 """The os-ken application: every switch that connects gets the controller's base flows and every registered job's
 flows; changes go out as flow mods followed by a barrier, and a change counts as done only when each switch has
-acknowledged the barrier. Reconciliation removes, by cookie, flows of jobs the controller no longer knows."""
+acknowledged the barrier. Reconciliation removes, by cookie, flows of jobs the controller no longer knows.
+
+Switches are authenticated (issue 26): over TLS a switch counts only when its certificate has the switch role and is
+bound to the datapath id it reports, and a connected switch is never replaced by a second connection claiming its
+datapath id. Messages from any connection that is not a switch's accepted one are ignored."""
 from __future__ import annotations
 
 import logging
@@ -16,7 +20,7 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_3
 
 from ..errors import LarkError
-from . import hairpin
+from . import certs, hairpin
 from .config import ControllerConfig
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
@@ -72,10 +76,44 @@ class LarkSwitchApp(app_manager.OSKenApp):
             hub.spawn(self._limit_poll_loop)
 
     # -- switch life cycle ----------------------------------------------------------------------------
+    def _refusal(self, dp) -> str:
+        """Why this connection may not act as switch dp.id ("" = it may). Over TLS (the handshake already checked
+        the CA) the certificate must have the switch role and name this datapath id, and the datapath id must not
+        belong to a connected switch: its holder would silently take over the switch's flows and barriers."""
+        if self.cfg.insecure_plain_openflow:
+            return ""   # nothing to check: anyone who reaches the port is a switch (a warning was logged at start)
+        getpeercert = getattr(dp.socket, "getpeercert", None)
+        der = getpeercert(binary_form=True) if getpeercert is not None else None
+        if not der:
+            return "no TLS client certificate"
+        try:
+            bound = certs.switch_dpid(der)
+        except ValueError as e:
+            return str(e)
+        if bound != dp.id:
+            return f"its certificate is bound to datapath {bound:016x}"
+        current = self.switches.get(dp.id)
+        if current is not None and current.dp is not dp and current.dp.is_active:
+            return (f"switch {dp.id:016x} is already connected from {current.dp.address[0]} (a switch that restarted "
+                    "gets in once the controller's echo requests find the old connection dead)")
+        return ""
+
+    def _accepted(self, dp) -> Switch | None:
+        """The switch this connection is, None for a connection that was refused or replaced."""
+        sw = self.switches.get(dp.id)
+        return sw if sw is not None and sw.dp is dp else None
+
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state_change(self, ev) -> None:
         dp = ev.datapath
         if ev.state == MAIN_DISPATCHER and dp.id is not None:
+            why = self._refusal(dp)
+            if why:
+                log.warning("refused OpenFlow connection from %s claiming datapath %016x: %s; a switch needs a "
+                            "certificate from `lark-controller certs --dir DIR switch:%016x` (docs/controller.md)",
+                            dp.address[0], dp.id, why, dp.id)
+                dp.close()
+                return
             sw = self.switches[dp.id] = Switch(dp)
             log.info("switch %016x connected from %s with ports %s", dp.id, dp.address, sorted(sw.ports))
             hub.spawn(self._switch_up, sw)
@@ -103,7 +141,7 @@ class LarkSwitchApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPPortStatus, MAIN_DISPATCHER)
     def _port_status(self, ev) -> None:
         # A WAN port that appears after the switch connected: the steering flows name it, so send them again.
-        sw = self.switches.get(ev.msg.datapath.id)
+        sw = self._accepted(ev.msg.datapath)
         name = ev.msg.desc.name.decode(errors="replace")
         if sw is not None and sw.ready.is_set() and name in self.cfg.wan_ports:
             hub.spawn(self._batch, sw, [(BASE_COOKIE, f, "base") for f in self.base], [])
@@ -121,7 +159,7 @@ class LarkSwitchApp(app_manager.OSKenApp):
     def _reply(self, ev) -> None:
         msg = ev.msg
         w = self._waiters.get((msg.datapath.id, msg.xid))
-        if w is None:
+        if w is None or self._accepted(msg.datapath) is None:   # a refused connection cannot ack for the switch
             return
         w.replies.append(msg)
         if not getattr(msg, "flags", 0) & msg.datapath.ofproto.OFPMPF_REPLY_MORE:
@@ -130,6 +168,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
     @set_ev_cls(ofp_event.EventOFPErrorMsg, [CONFIG_DISPATCHER, MAIN_DISPATCHER])
     def _error(self, ev) -> None:
         msg = ev.msg
+        if self._accepted(msg.datapath) is None:
+            return
         self._errors[(msg.datapath.id, msg.xid)] = f"OpenFlow error type {msg.type} code {msg.code}"
 
     def _send(self, dp, msg) -> int:

@@ -28,12 +28,20 @@ SITE = "10.77.0.0/16"
 GW = "10.77.0.1"           # the WAN router's site-side address (on wan0)
 WAN_SERVER = "203.0.113.1"  # a WAN host behind the router
 ROUTER_MAC = "02:77:00:00:00:01"
+CORE_DPID = 0x00000000000c0de1   # the switch's datapath id, which its certificate is bound to
 SERVER_PY = ("import socket,sys\n"
              "s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
              "s.bind(('0.0.0.0',int(sys.argv[1]))); s.listen(64); print('ready',flush=True)\n"
              "while True:\n c,_=s.accept(); c.sendall(b'hi'); c.close()\n")
 
 
+# The paper's owner drop: mallory's jobs reach nothing and nothing reaches them.
+DROP_MALLORY = """
+[[policy]]
+name = "blocked"
+kind = "drop"
+select = 'Owner == "mallory"'
+"""
 # The paper's policies without the owner drop: per-user slices, no WAN for one group, another steered to wan1
 # (shared by the integration tests and bench/controller.py).
 SLICE_AND_WAN_POLICIES = """
@@ -78,7 +86,7 @@ def free_port() -> int:
 
 class SdnPool:
     def __init__(self, tmp: str, policies: str = "", reconcile_grace: float = 0.0, site_prefixes=(SITE,),
-                 core_ns: str | None = None, openflow_tls: bool = False, isolated_eps: tuple[str, ...] = ()):
+                 core_ns: str | None = None, openflow_tls: bool = True, isolated_eps: tuple[str, ...] = ()):
         """core_ns: run the switch and the controller in this existing netns (e.g. a fake EP's) and make no WAN.
         isolated_eps: EPs made at start (add_ep), each a bridge with isolated job ports behind one switch port."""
         self.id = secrets.token_hex(3)
@@ -115,18 +123,19 @@ class SdnPool:
             self._netns(self.core)
         self.ovs.start()
         self.ovs.vsctl("add-br", BRIDGE, "--", "set", "bridge", BRIDGE, "datapath_type=netdev",
-                       "protocols=OpenFlow13", "fail_mode=secure")
+                       "protocols=OpenFlow13", "fail_mode=secure", f"other-config:datapath-id={CORE_DPID:016x}")
         if self.own_core:
             self._make_wan()
         for ep in self.isolated_eps:
             self.add_ep(ep)
-        certs.make(str(self.tls), ["controller=127.0.0.1", "ep1", "ep2", "intruder", "switch"])
+        certs.make(str(self.tls), ["controller=127.0.0.1", "ep1", "ep2", "intruder", f"switch:{CORE_DPID:x}"])
         certs.make(str(self.tmp / "other-ca"), ["ep1"])
         self.write_config()
         self.start_controller()
         if self.openflow_tls:
             t = self.tls
-            self.ovs.vsctl("set-ssl", str(t / "switch.key"), str(t / "switch.pem"), str(t / "ca.pem"))
+            sw = certs.switch_name(CORE_DPID)
+            self.ovs.vsctl("set-ssl", str(t / f"{sw}.key"), str(t / f"{sw}.pem"), str(t / "ca.pem"))
             self.ovs.vsctl("set-controller", BRIDGE, f"ssl:127.0.0.1:{self.of_port}")
         else:
             self.ovs.vsctl("set-controller", BRIDGE, f"tcp:127.0.0.1:{self.of_port}")
@@ -156,7 +165,7 @@ class SdnPool:
 [openflow]
 host = "127.0.0.1"
 port = {self.of_port}
-tls = {"true" if self.openflow_tls else "false"}
+insecure_plain_openflow = {"false" if self.openflow_tls else "true"}
 [api]
 host = "127.0.0.1"
 port = {self.api_port}

@@ -6,16 +6,11 @@ import time
 
 import pytest
 
-from helpers.sdn import SLICE_AND_WAN_POLICIES, WAN_SERVER, GW, SdnPool, started_pool
+from helpers.sdn import DROP_MALLORY, SLICE_AND_WAN_POLICIES, WAN_SERVER, GW, SdnPool, started_pool
 
 pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
 
-POLICIES = """
-[[policy]]
-name = "blocked"
-kind = "drop"
-select = 'Owner == "mallory"'
-""" + SLICE_AND_WAN_POLICIES
+POLICIES = DROP_MALLORY + SLICE_AND_WAN_POLICIES
 
 
 @pytest.fixture
