@@ -1,24 +1,36 @@
 """The registration API: HTTPS with mutual TLS (stdlib http.server + ssl). The client certificate's common name
-is the EP's identity: an EP registers, removes and resyncs only its own jobs; names in `admin_names` may act for
-any EP. Nobody without a certificate from the controller's CA gets past the TLS handshake."""
+is the EP's identity: an EP registers, removes and resyncs only its own jobs, within its [ep.NAME] section, and
+sees only its own jobs; names in `admin_names` (and the controller's own certificate: `lark-controller status`) may
+act for any EP and see everything. Nobody without a certificate from the controller's CA gets past the TLS
+handshake, and nobody on the network can hold the API's threads: handshakes run without blocking in one thread,
+each with a deadline, at most `max_handshakes` at once; only authenticated connections reach the bounded worker
+pool, at most MAX_CONNECTIONS_PER_EP of them per EP (issue 26)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import queue
+import selectors
+import socket
 import ssl
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import unquote
 
 from ..errors import LarkError
 from .config import ControllerConfig
 from .metrics import ControllerMetrics
-from .model import JobReg
+from .model import JobReg, Refused
 
 log = logging.getLogger("lark.controller.api")
-MAX_BODY = 4 << 20
+MAX_BODY = 4 << 20               # a resync of 4096 jobs is about 2 MiB
+MAX_CONNECTIONS_PER_EP = 4       # larkd makes one request at a time; more from one EP is a client holding workers
+REQUEST_TIMEOUT = 10.0           # per receive of an authenticated client's request
 
 
 def server_context(cfg: ControllerConfig) -> ssl.SSLContext:
@@ -32,6 +44,15 @@ def server_context(cfg: ControllerConfig) -> ssl.SSLContext:
                         fix="make them with `lark-controller certs --dir DIR controller=<address> ep1 ep2`") from None
     ctx.verify_mode = ssl.CERT_REQUIRED     # mutual TLS: no client certificate, no connection
     return ctx
+
+
+def cert_name(path: str) -> str:
+    """The common name of a PEM certificate file (the controller's own: the name its CLI connects with)."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+    with open(path, "rb") as f:
+        names = x509.load_pem_x509_certificate(f.read()).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    return str(names[0].value) if names else ""
 
 
 def peer_name(sock: ssl.SSLSocket) -> str:
@@ -60,18 +81,31 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _body(self) -> object:
-        n = int(self.headers.get("Content-Length") or 0)
+        where = f"{self.command} {self.path} from {peer_name(self.connection)}"
+        given = self.headers.get_all("Content-Length") or ["0"]
+        if len(set(given)) != 1 or not given[0].isdigit():   # isdigit: no sign, no spaces, no "1e3"
+            raise LarkError(f"Content-Length {', '.join(given)!r} is not one length in bytes", obj=where,
+                            fix="send one Content-Length header with the body's size")
+        n = int(given[0])
         if n > MAX_BODY:
-            raise LarkError(f"request body of {n} bytes is too large", obj="registration API")
+            raise LarkError(f"request body of {n} bytes is too large (at most {MAX_BODY})", obj=where,
+                            fix="resync fewer jobs at once")
         try:
-            return json.loads(self.rfile.read(n) or b"{}")
-        except ValueError as e:
-            raise LarkError(f"body is not JSON: {e}", obj="registration API") from None
+            data = self.rfile.read(n)
+        except TimeoutError:
+            raise LarkError(f"the body did not arrive within {REQUEST_TIMEOUT:.0f} s", obj=where,
+                            fix="send as many bytes as Content-Length says") from None
+        if len(data) != n:
+            raise LarkError(f"the body ended after {len(data)} of {n} bytes", obj=where)
+        try:
+            return json.loads(data or b"{}")
+        except (ValueError, RecursionError) as e:
+            raise LarkError(f"body is not JSON: {e}", obj=where, fix="send one JSON object") from None
 
     def _ep(self, body: object) -> str:
         """The EP a request acts for: the certificate's name; an admin may name another EP."""
         name = peer_name(self.connection)
-        if name in self.server.cfg.admin_names and isinstance(body, dict) and body.get("ep"):
+        if self.server.is_admin(name) and isinstance(body, dict) and body.get("ep"):
             return str(body["ep"])
         return name
 
@@ -79,6 +113,9 @@ class Handler(BaseHTTPRequestHandler):
         t0 = time.perf_counter()
         try:
             code, body = fn()
+        except Refused as e:     # valid, but not this EP's to ask (or over its quota)
+            log.warning("refused %s from %s: %s", self.command, peer_name(self.connection), e)
+            code, body = e.status, {"error": str(e)}
         except LarkError as e:
             log.error("%s from %s: %s", self.command, peer_name(self.connection), e)
             code, body = 400, {"error": str(e)}
@@ -91,9 +128,21 @@ class Handler(BaseHTTPRequestHandler):
         if self.server.metrics is not None:
             self.server.metrics.observe(self.command, code, seconds)
 
+    def handle(self) -> None:
+        # One request per turn in a worker: a kept-alive connection (larkd keeps one) waits for its next request in
+        # the server's selector thread (ApiServer._serve), not in a worker. No client of this API pipelines.
+        self.close_connection = True
+        self.handle_one_request()
+
+    def _status(self) -> tuple[int, dict]:
+        name = peer_name(self.connection)
+        if not self.server.is_admin(name):
+            return 200, self.server.controller.status(name)
+        return 200, {**self.server.controller.status(), "api": self.server.load()}
+
     def do_GET(self) -> None:
         if self.path == "/v1/status":
-            self._run(lambda: (200, self.server.controller.status()))
+            self._run(self._status)
         else:
             self._reply(404, {"error": f"no such resource {self.path}"})
 
@@ -127,30 +176,202 @@ class Handler(BaseHTTPRequestHandler):
         self._run(sync)
 
 
-class ApiServer(ThreadingHTTPServer):
-    daemon_threads = True
+class Waits:
+    """Connections waiting for their peer, all in one thread that never blocks on one: new connections until their
+    TLS handshake is done (each within `handshake_timeout`, at most `limit` at once: one more drops the oldest), and
+    authenticated kept-alive ones until their next request (each within REQUEST_TIMEOUT). A peer that sends nothing
+    or stalls mid-handshake costs a file descriptor until its deadline, never a thread. A connection whose peer is
+    ready goes to `ready(sock, addr, name)` (name "" after a handshake); an idle one that expires to `gone(name)`."""
+
+    def __init__(self, handshake_timeout: float, limit: int, ready, gone):
+        self.handshake_timeout, self.limit, self.ready, self.gone = handshake_timeout, limit, ready, gone
+        self.sel = selectors.DefaultSelector()
+        # socket -> (address, deadline, EP name); insertion order is deadline order (one timeout per kind)
+        self.handshaking: dict[ssl.SSLSocket, tuple[Any, float, str]] = {}
+        self.idle: dict[ssl.SSLSocket, tuple[Any, float, str]] = {}
+        self.inbox: queue.SimpleQueue[tuple[ssl.SSLSocket, Any, str]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self.sel.register(self._wake_r, selectors.EVENT_READ)
+        self.closed = False
+        self.dropped = Counter[str]()   # why handshakes ended unfinished: "timeout", "evicted", "failed"
+
+    def add(self, sock: ssl.SSLSocket, addr, name: str = "") -> None:
+        """A new connection (name "": handshake first) or an authenticated one between requests."""
+        self.inbox.put((sock, addr, name))
+        with contextlib.suppress(OSError):   # BlockingIOError: woken already (buffer full); or closing
+            self._wake_w.send(b"x")
+
+    def close(self) -> None:
+        self.closed = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def run(self) -> None:
+        while not self.closed:
+            try:
+                self._turn()
+            except Exception:   # one bad socket must not end the API
+                log.exception("registration API: connection loop")
+        for sock in [*self.handshaking, *self.idle]:
+            self._end(sock, "", "")
+        self.sel.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def _turn(self) -> None:
+        deadlines = [w[1] for w in (next(iter(d.values()), None) for d in (self.handshaking, self.idle)) if w]
+        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        for key, _ in self.sel.select(timeout):
+            sock = key.fileobj
+            if sock is self._wake_r:
+                with contextlib.suppress(BlockingIOError):
+                    while self._wake_r.recv(4096):
+                        pass
+            elif sock in self.handshaking:
+                self._handshake(sock)
+            elif sock in self.idle:
+                addr, _, name = self.idle.pop(sock)
+                self.sel.unregister(sock)
+                self.ready(sock, addr, name)
+        self._take_new()
+        now = time.monotonic()
+        for waiting, why in ((self.handshaking, f"no TLS handshake within {self.handshake_timeout} s"),
+                             (self.idle, "")):
+            for sock, (_, deadline, _) in list(waiting.items()):
+                if deadline > now:
+                    break
+                self._end(sock, "timeout", why)
+
+    def _take_new(self) -> None:
+        while True:
+            try:
+                sock, addr, name = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            if name:
+                self.idle[sock] = (addr, time.monotonic() + REQUEST_TIMEOUT, name)
+            else:
+                if len(self.handshaking) >= self.limit:
+                    self._end(next(iter(self.handshaking)), "evicted", f"more than {self.limit} handshakes at once")
+                self.handshaking[sock] = (addr, time.monotonic() + self.handshake_timeout, "")
+            self.sel.register(sock, selectors.EVENT_READ)
+
+    def _handshake(self, sock: ssl.SSLSocket) -> None:
+        try:
+            sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self.sel.modify(sock, selectors.EVENT_READ)
+        except ssl.SSLWantWriteError:
+            self.sel.modify(sock, selectors.EVENT_WRITE)
+        except (ssl.SSLError, OSError) as e:
+            self._end(sock, "failed", str(e))
+        else:
+            addr, _, _ = self.handshaking.pop(sock)
+            self.sel.unregister(sock)
+            sock.setblocking(True)
+            self.ready(sock, addr, "")
+
+    def _end(self, sock: ssl.SSLSocket, reason: str, why: str) -> None:
+        """Close a waiting connection: an unfinished handshake (counted, logged) or an idle one (its EP's turn)."""
+        addr, _, name = (self.handshaking if sock in self.handshaking else self.idle).pop(sock)
+        self.sel.unregister(sock)
+        if name:
+            self.gone(name)
+        elif reason:
+            self.dropped[reason] += 1
+            log.log(logging.WARNING if reason == "failed" else logging.INFO,
+                    "refused a TLS connection from %s: %s", addr[0] if addr else "?", why)
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
+class ApiServer(HTTPServer):
+    request_queue_size = 128    # the listen backlog: a burst of connections must not make a real EP's SYN wait
 
     def __init__(self, cfg: ControllerConfig, controller, metrics: ControllerMetrics | None = None):
         self.cfg = cfg
         self.controller = controller
         self.metrics = metrics
         self.ctx = server_context(cfg)
+        self.admins = set(cfg.admin_names) | {cert_name(cfg.cert)}
+        self.waits = Waits(cfg.handshake_timeout, cfg.max_handshakes, self._ready, self._release)
+        self.workers = ThreadPoolExecutor(cfg.workers, thread_name_prefix="lark-api-worker")
+        # connections per EP name past their handshake (in a worker, queued for one, or idle between requests)
+        self._connections: Counter[str] = Counter()
+        self._serving = 0
+        self._lock = threading.Lock()
         super().__init__((cfg.api_host, cfg.api_port), Handler)
+
+    def is_admin(self, name: str) -> bool:
+        return bool(name) and name in self.admins
+
+    def load(self) -> dict:
+        """The API's own figures, for admins' status."""
+        with self._lock:
+            serving, conns = self._serving, sum(self._connections.values())
+        return {"workers": self.cfg.workers, "serving": serving, "connections": conns,
+                "handshaking": len(self.waits.handshaking), "idle": len(self.waits.idle),
+                "handshakes_dropped": dict(self.waits.dropped)}
 
     def get_request(self):
         sock, addr = self.socket.accept()
-        sock.settimeout(10)  # a silent peer must not hold a thread forever
+        sock.setblocking(False)
         return self.ctx.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
-    def finish_request(self, request, client_address) -> None:
+    def process_request(self, request, client_address) -> None:
+        self.waits.add(request, client_address)   # the connection loop owns it now
+
+    def _ready(self, sock: ssl.SSLSocket, addr, name: str) -> None:
+        if not name:    # just authenticated
+            name = peer_name(sock)
+            with self._lock:
+                busy = self._connections[name] >= MAX_CONNECTIONS_PER_EP
+                if not busy:
+                    self._connections[name] += 1
+            if busy:
+                log.warning("refused a connection from %s (%s): it has %d connections open already", name,
+                            addr[0], MAX_CONNECTIONS_PER_EP)
+                self.shutdown_request(sock)
+                return
+            sock.settimeout(REQUEST_TIMEOUT)
         try:
-            request.do_handshake()
-        except (ssl.SSLError, OSError) as e:
-            log.warning("refused a TLS connection from %s: %s", client_address[0], e)
-            return
-        super().finish_request(request, client_address)
+            self.workers.submit(self._serve, sock, addr, name)
+        except RuntimeError:   # shutting down
+            self.shutdown_request(sock)
+            self._release(name)
+
+    def _serve(self, sock: ssl.SSLSocket, addr, name: str) -> None:
+        keep = False
+        with self._lock:
+            self._serving += 1
+        try:
+            keep = not Handler(sock, addr, self).close_connection
+        except Exception:
+            self.handle_error(sock, addr)
+        finally:
+            with self._lock:
+                self._serving -= 1
+        if keep and sock.pending():
+            self._ready(sock, addr, name)      # its next request is here already
+        elif keep:
+            self.waits.add(sock, addr, name)   # wait for it without a thread
+        else:
+            self.shutdown_request(sock)
+            self._release(name)
+
+    def _release(self, name: str) -> None:
+        with self._lock:
+            self._connections[name] -= 1
 
     def start(self) -> threading.Thread:
+        threading.Thread(target=self.waits.run, name="lark-api-waits", daemon=True).start()
         t = threading.Thread(target=self.serve_forever, name="lark-api", daemon=True)
         t.start()
         return t
+
+    def server_close(self) -> None:
+        self.waits.close()
+        self.workers.shutdown(wait=False, cancel_futures=True)
+        super().server_close()

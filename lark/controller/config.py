@@ -28,6 +28,39 @@ class Policy:
 
 
 @dataclass
+class EpScope:
+    """What one EP (its certificate name) may register, from its [ep.NAME] section: jobs whose addresses are in
+    `networks`, whose frames enter the switch by one of `ports`, at most `max_jobs` of them."""
+    name: str
+    ports: list[str]
+    networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]
+    max_jobs: int
+
+    def holds(self, address: str) -> bool:
+        a = ipaddress.ip_address(address)
+        return any(a in n for n in self.networks)
+
+
+def parse_networks(values: object, where: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """Networks ("10.77.0.0/24") and ranges ("10.77.0.100-10.77.0.149", as larkd's bridge_range) as networks."""
+    fix = 'list networks or ranges, e.g. addresses = ["10.77.0.100-10.77.0.149", "fd00:77::/64"]'
+    if not isinstance(values, list) or not values:
+        raise LarkError(f"addresses = {values!r} is not a non-empty list", obj=f"controller config [{where}]", fix=fix)
+    out: list[ipaddress.IPv4Network | ipaddress.IPv6Network] = []
+    for v in values:
+        try:
+            if isinstance(v, str) and "-" in v:
+                first, last = (ipaddress.ip_address(x.strip()) for x in v.split("-", 1))
+                out += ipaddress.summarize_address_range(first, last)
+            else:
+                out.append(ipaddress.ip_network(str(v)))
+        except (ValueError, TypeError) as e:
+            raise LarkError(f"{v!r} is not a network or range: {e}", obj=f"controller config [{where}]",
+                            fix=fix) from None
+    return out
+
+
+@dataclass
 class ControllerConfig:
     # [openflow]: switches connect here (OpenFlow 1.3)
     openflow_host: str = "0.0.0.0"
@@ -46,6 +79,15 @@ class ControllerConfig:
     key: str = "/etc/lark/controller/controller.key"
     # Certificate common names allowed to act for any EP (e.g. an operator's tool); EPs act only for themselves
     admin_names: list[str] = field(default_factory=list)
+    # The API's own bounds (issue 26): TLS handshakes run in one thread without blocking, each with this deadline,
+    # at most `max_handshakes` at once (the oldest is dropped); authenticated requests run in `workers` threads.
+    handshake_timeout: float = 5.0
+    max_handshakes: int = 256
+    workers: int = 16
+    # [ep.NAME] sections: what each EP may register (EpScope). None at all: any EP may register any address (a
+    # warning at start); once there is one, an EP without its own section is refused.
+    eps: dict[str, EpScope] = field(default_factory=dict)
+    max_jobs_per_ep: int = 4096          # [api] default of each [ep.NAME] max_jobs, and the quota of unlisted EPs
     # [switch]
     wan_ports: list[str] = field(default_factory=list)   # OVS port names; the first is the normal WAN exit
     site_prefixes: list[str] = field(default_factory=list)  # destinations that are not "the WAN"
@@ -121,6 +163,7 @@ class ControllerConfig:
         if len(set(ports)) != len(ports) or set(ports) & set(self.wan_ports):
             raise bad("ep_ports", f"{self.ep_ports} names a port twice or a WAN port",
                       "give each EP the one switch port its uplink is on, never a port of wan_ports")
+        self._validate_eps(bad)
         WanPlan(self.wan_groups, self.wan_unmatched, self.wan_mechanism, self.wan_ports)   # errors name the key
         if not isinstance(self.wan_ovsdb, str) or (self.wan_ovsdb and not self.wan_ovsdb.startswith(
                 ("unix:", "tcp:", "ssl:"))):
@@ -158,12 +201,64 @@ class ControllerConfig:
                           'set site_prefixes = ["10.77.0.0/16"] under [switch]')
         return self
 
+    def _validate_eps(self, bad) -> None:
+        for key in ("handshake_timeout", "max_handshakes", "workers", "max_jobs_per_ep"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 or (key != "handshake_timeout"
+                                                                                     and not isinstance(v, int)):
+                raise bad(f"api.{key}", f"{v!r} is not a positive number", "e.g. handshake_timeout = 5.0, "
+                          "max_handshakes = 256, workers = 16, max_jobs_per_ep = 4096")
+        owner_of_port: dict[str, str] = {}
+        seen: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]] = []
+        for name, ep in self.eps.items():
+            for port in ep.ports:
+                if port in owner_of_port or port in self.wan_ports:
+                    raise bad(f"ep.{name}.ports", f"port {port!r} is also {owner_of_port.get(port, 'a WAN port')}'s",
+                              "give each EP the switch ports only its uplink uses")
+                owner_of_port[port] = name
+            if name in self.ep_ports and self.ep_ports[name] not in ep.ports:
+                raise bad(f"ep.{name}.ports", f"[switch] ep_ports says {name}'s uplink is on port "
+                          f"{self.ep_ports[name]!r}, which its ports {ep.ports} lack", "list that port in both")
+            for net in ep.networks:
+                other = next((o for n, o in seen if n.version == net.version and n.overlaps(net)), None)
+                if other is not None:
+                    raise bad(f"ep.{name}.addresses", f"{net} overlaps the addresses of EP {other!r}",
+                              "give each EP its own addresses (larkd's bridge_range on that EP)")
+                seen.append((net, name))
+
+    def scope(self, ep: str) -> EpScope | None:
+        """The EP's [ep.NAME] section; None for an unlisted EP (refused when any section exists)."""
+        return self.eps.get(ep)
+
+
+def parse_eps(data: object, default_max_jobs: int) -> dict[str, EpScope]:
+    if not isinstance(data, dict):
+        raise LarkError("[ep] must hold one table per EP", obj="controller config",
+                        fix='write [ep.ep1] with ports = ["ep1"] and addresses = ["10.77.0.100-10.77.0.149"]')
+    out = {}
+    for name, sec in data.items():
+        where = f"ep.{name}"
+        unknown = set(sec) - {"ports", "addresses", "max_jobs"} if isinstance(sec, dict) else {"?"}
+        if unknown or "ports" not in sec or "addresses" not in sec:
+            raise LarkError(f"[{where}] has unknown keys {sorted(unknown)} or lacks ports/addresses",
+                            obj="controller config", fix=f"[{where}] takes ports, addresses and max_jobs")
+        ports, max_jobs = sec["ports"], sec.get("max_jobs", default_max_jobs)
+        if not isinstance(ports, list) or not ports or not all(isinstance(p, str) and p for p in ports):
+            raise LarkError(f"ports = {ports!r} is not a non-empty list of switch port names",
+                            obj=f"controller config [{where}]", fix='e.g. ports = ["ep1"] (OVS port names)')
+        if isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs <= 0:
+            raise LarkError(f"max_jobs = {max_jobs!r} is not a positive number", obj=f"controller config [{where}]",
+                            fix="e.g. max_jobs = 4096, or leave it out for [api] max_jobs_per_ep")
+        out[name] = EpScope(name, list(ports), parse_networks(sec["addresses"], where), max_jobs)
+    return out
+
 
 _SECTIONS = {
     "openflow": {"host": "openflow_host", "port": "openflow_port", "tls": "openflow_tls",
                  "insecure_plain_openflow": "insecure_plain_openflow"},
     "api": {"host": "api_host", "port": "api_port", "ca": "ca", "cert": "cert", "key": "key",
-            "admin_names": "admin_names"},
+            "admin_names": "admin_names", "handshake_timeout": "handshake_timeout",
+            "max_handshakes": "max_handshakes", "workers": "workers", "max_jobs_per_ep": "max_jobs_per_ep"},
     "switch": {"wan_ports": "wan_ports", "site_prefixes": "site_prefixes", "barrier_timeout": "barrier_timeout",
                "reconcile_grace": "reconcile_grace", "reconcile_interval": "reconcile_interval",
                "ep_ports": "ep_ports"},
@@ -176,11 +271,12 @@ _SECTIONS = {
 def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
     kw: dict = {}
     for section, keys in data.items():
-        if section in ("policy", "wan_group"):
+        if section in ("policy", "wan_group", "ep"):
             continue
         if section not in _SECTIONS or not isinstance(keys, dict):
             raise LarkError(f"unknown section [{section}]", obj="controller config",
-                            fix="use [openflow], [api], [switch], [wan], [metrics], [[policy]] and [[wan_group]] "
+                            fix="use [openflow], [api], [switch], [wan], [metrics], [ep.NAME], [[policy]] and "
+                                "[[wan_group]] "
                                 "(docs/controller.md)")
         for key, value in keys.items():
             if key not in _SECTIONS[section]:
@@ -199,7 +295,8 @@ def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
         policies.append(Policy(name=p.get("name", f"policy{i + 1}"), kind=p["kind"], select=p["select"],
                                port=p.get("port", ""), slice_by=p.get("slice_by", "Owner")))
     wan_groups = parse_groups(data.get("wan_group", []))
-    return ControllerConfig(**kw, policies=policies, wan_groups=wan_groups).validate()
+    eps = parse_eps(data.get("ep", {}), kw.get("max_jobs_per_ep", ControllerConfig.max_jobs_per_ep))
+    return ControllerConfig(**kw, policies=policies, wan_groups=wan_groups, eps=eps).validate()
 
 
 def load(path: str) -> ControllerConfig:

@@ -26,6 +26,7 @@ from .pipeline import (
 )
 
 log = logging.getLogger(__name__)
+P_FOREIGN_PORT = 270   # a confined EP's job's MAC coming in by a port that is not its EP's
 
 
 @dataclass(frozen=True)
@@ -77,18 +78,27 @@ def decide(job: JobReg, cfg: ControllerConfig, exprs: dict | None = None) -> Dec
                     wan_action=wan, wan_policy=wan_policy)
 
 
-def job_flows(job: JobReg, d: Decision) -> list[Flow]:
-    """At most 5 flows for a job with one IPv4 address (one more per extra IPv4 address); 2 when blocked."""
+def job_flows(job: JobReg, d: Decision, ports: list[str] | tuple[str, ...] = ()) -> list[Flow]:
+    """At most 5 flows for a job with one IPv4 address (one more per extra IPv4 address); 2 when blocked.
+    `ports`: its EP's switch ports ([ep.NAME] ports). Then the flows that match its source also match the port its
+    frames must come in by (one set per port), and one more drops its MAC from any other port: another EP sending
+    with this job's MAC or address gets neither its tag nor a place in the switch's MAC table."""
     mac = job.mac
     if d.blocked_by:
         return [Flow(T_SOURCE, 400, (("eth_src", mac),), ("drop",)),
                 Flow(T_SOURCE, 400, (("eth_dst", mac),), ("drop",))]
     tag = ("goto", T_SLICE, d.metadata, SLICE_MASK | WAN_MASK)
-    flows = [Flow(T_SOURCE, 300, (("eth_src", mac), ("eth_type", ETH_IP), ("ipv4_src", a)), tag) for a in job.ipv4]
-    if job.ipv4:
-        # IPv4 from the job's MAC with any other source address is spoofed: it would escape its slice's tag.
-        flows.append(Flow(T_SOURCE, 290, (("eth_src", mac), ("eth_type", ETH_IP)), ("drop",)))
-    flows.append(Flow(T_SOURCE, 280, (("eth_src", mac),), tag))  # ARP and IPv6: tagged by MAC
+    flows = []
+    entries: list[tuple[tuple[str, str], ...]] = [(("in_port", port),) for port in ports] or [()]
+    for at in entries:
+        flows += [Flow(T_SOURCE, 300, tuple(sorted((("eth_src", mac), ("eth_type", ETH_IP), ("ipv4_src", a), *at))),
+                       tag) for a in job.ipv4]
+        if job.ipv4:
+            # IPv4 from the job's MAC with any other source address is spoofed: it would escape its slice's tag.
+            flows.append(Flow(T_SOURCE, 290, tuple(sorted((("eth_src", mac), ("eth_type", ETH_IP), *at))), ("drop",)))
+        flows.append(Flow(T_SOURCE, 280, tuple(sorted((("eth_src", mac), *at))), tag))  # ARP and IPv6: by MAC
+    if ports:
+        flows.append(Flow(T_SOURCE, P_FOREIGN_PORT, (("eth_src", mac),), ("drop",)))
     if d.slice_id:
         flows += [Flow(T_SLICE, 300, (("eth_dst", mac), ("metadata", (d.slice_id, SLICE_MASK))),
                        ("goto", T_WAN, 0, 0)),

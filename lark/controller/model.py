@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import math
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -13,6 +14,20 @@ NAME_RE = re.compile(r"^[\w.@+-]{0,255}$")
 JOB_COOKIE_TAG = 0x4A << 56           # top byte of every job cookie ("J"): reconciliation lists by this prefix
 COOKIE_TAG_MASK = 0xFF << 56
 BASE_COOKIE = 0x4C41524B00000000      # "LARK": the controller's own per-switch flows
+
+
+class Refused(LarkError):
+    """A valid request the controller will not carry out (the API answers with `status` and the reason)."""
+    status = 403
+
+
+class OverQuota(Refused):
+    status = 429
+
+
+def _plain_number(v: object) -> bool:
+    """A JSON number that is one (true/false are ints to Python; NaN and Infinity are floats to json.loads)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass
@@ -68,26 +83,28 @@ class JobReg:
             v = data.get(k, "")
             if not isinstance(v, str) or not NAME_RE.fullmatch(v) or (k in ("key", "job_id") and not v):
                 raise bad(f"{k} = {v!r} is missing or not a plain name", "send letters, digits and ._@+-")
-        mac = str(data.get("mac", "")).lower()
+        mac = data.get("mac", "")
+        mac = mac.lower() if isinstance(mac, str) else ""
         if not MAC_RE.fullmatch(mac):
             raise bad(f"mac = {data.get('mac')!r} is not a MAC address", "send the job device's MAC, aa:bb:..")
         addrs = data.get("addresses", [])
-        if not isinstance(addrs, list) or not addrs or len(addrs) > 8:
-            raise bad("addresses must be a list of 1-8 addresses", "register after the job's addresses are known")
+        if not isinstance(addrs, list) or not addrs or len(addrs) > 8 or not all(isinstance(a, str) for a in addrs):
+            raise bad("addresses must be a list of 1-8 address strings", "register after the job's addresses are known")
         try:
             addrs = [str(ipaddress.ip_address(a)) for a in addrs]
         except ValueError as e:
             raise bad(str(e), "send plain IPv4/IPv6 addresses without prefix length") from None
         vlan = data.get("vlan")
-        if vlan is not None and (not isinstance(vlan, int) or not 1 <= vlan <= 4094):
+        if vlan is not None and (not isinstance(vlan, int) or isinstance(vlan, bool) or not 1 <= vlan <= 4094):
             raise bad(f"vlan = {vlan!r} is not a VLAN id", "send 1-4094 or null")
         bw = data.get("request_bandwidth_mbit", 0.0) or 0.0
-        if not isinstance(bw, (int, float)) or bw < 0:
+        if not _plain_number(bw) or bw < 0:
             raise bad(f"request_bandwidth_mbit = {bw!r} is not a rate", "send Mbit/s as a number")
         attrs = data.get("attrs", {}) or {}
         if not isinstance(attrs, dict) or len(attrs) > 64 or any(
                 not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_]\w{0,99}", k)
                 or not isinstance(v, (str, int, float, bool)) or (isinstance(v, str) and len(v) > 1024)
+                or (isinstance(v, float) and not math.isfinite(v))
                 for k, v in attrs.items()):
             raise bad("attrs must map up to 64 attribute names to plain values", "send strings, numbers, booleans")
         return cls(ep=ep, key=data["key"], job_id=data["job_id"], owner=data.get("owner", ""),

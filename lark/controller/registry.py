@@ -4,13 +4,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import LarkError
 from . import hairpin
 from .config import ControllerConfig
 from .flows import Decision, Flow, decide, job_flows, wan_port
-from .model import JobReg
+from .model import JobReg, OverQuota, Refused
 from .wan import WanPlan
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,52 @@ class Registry:
         self._slices: dict[int, str] = {}      # slice id -> name, to refuse a (2^-32) hash collision
         self._lock = threading.Lock()
         self.synced_eps: dict[str, float] = {}
+        # MAC or address -> the job holding it: another EP's registration of either is refused (its flows would
+        # replace that job's on the switch: same table, priority and match)
+        self._holder: dict[str, tuple[str, str]] = {}
+        self._per_ep: Counter[str] = Counter()   # registered jobs per EP, for its quota
+        if not cfg.eps:
+            log.warning("the controller config has no [ep.NAME] sections: every EP may register jobs with any "
+                        "address, from any switch port (docs/controller.md, 'Who may register what')")
+
+    def _check(self, job: JobReg) -> None:
+        """Refuse a job its EP may not register (Refused: the API answers 403 with the reason). The EP's own jobs
+        never stand in its way: what it registers replaces them on the switch, as it should."""
+        scope = self.cfg.scope(job.ep)
+        if self.cfg.eps and scope is None:
+            raise Refused("this EP has no [ep.NAME] section in the controller config", job=job.job_id,
+                          obj=f"registration from {job.ep}",
+                          fix=f"add [ep.{job.ep}] with its switch ports and job addresses (docs/controller.md)")
+        outside = [a for a in job.addresses if scope is not None and not scope.holds(a)]
+        if scope is not None and outside:
+            raise Refused(f"address {outside[0]} is not one of this EP's ({', '.join(map(str, scope.networks))})",
+                          job=job.job_id, obj=f"registration from {job.ep}",
+                          fix=f"larkd's bridge_range on {job.ep} must lie in [ep.{job.ep}] addresses")
+        for what in (job.mac, *job.addresses):
+            holder = self._holder.get(what)
+            if holder is not None and holder[0] != job.ep:
+                other = self._jobs[holder].job
+                raise Refused(f"{what} belongs to job {other.job_id} of EP {other.ep}", job=job.job_id,
+                              obj=f"registration from {job.ep}",
+                              fix="an EP registers only its own jobs' MACs and addresses; if that job is gone, its "
+                                  "EP's next resync (or its larkd's restart) frees them")
+
+    def _ports(self, job: JobReg) -> list[str]:
+        scope = self.cfg.scope(job.ep)
+        return scope.ports if scope is not None else []
+
+    def _quota(self, ep: str) -> int:
+        scope = self.cfg.scope(ep)
+        return scope.max_jobs if scope is not None else self.cfg.max_jobs_per_ep
+
+    def _drop(self, ident: tuple[str, str]) -> Entry | None:
+        e = self._jobs.pop(ident, None)
+        if e is not None:
+            self._per_ep[ident[0]] -= 1
+            for what in (e.job.mac, *e.job.addresses):
+                if self._holder.get(what) == ident:
+                    del self._holder[what]
+        return e
 
     def _entry(self, job: JobReg) -> Entry:
         d = decide(job, self.cfg, self._exprs)
@@ -58,16 +105,23 @@ class Registry:
         # into its group's WAN limit on the port its WAN traffic leaves by (issue 12)
         wan = self.wan.job_flows(job, wan_port(d)) if not d.blocked_by else []
         same_ep = hairpin.job_flows(job, self.cfg) if not d.blocked_by else []   # back to its isolated EP
-        return Entry(job, d, job_flows(job, d) + wan + same_ep, job.cookie)
+        return Entry(job, d, job_flows(job, d, self._ports(job)) + wan + same_ep, job.cookie)
 
     def _put(self, e: Entry, ch: Change) -> None:
         old = self._jobs.get(e.job.ident)
+        unchanged = old is not None and old.cookie == e.cookie and old.flows == e.flows
         if old is not None:
-            if old.cookie == e.cookie and old.flows == e.flows:
-                old.job = e.job
-                return
-            ch.remove.append(old)
+            self._drop(old.job.ident)
+            if unchanged:
+                old.job, e = e.job, old     # nothing to send; the index below takes its new addresses
+            else:
+                ch.remove.append(old)
         self._jobs[e.job.ident] = e
+        self._per_ep[e.job.ep] += 1
+        for what in (e.job.mac, *e.job.addresses):
+            self._holder[what] = e.job.ident
+        if unchanged:
+            return
         if e.decision.slice_id:
             self._slices[e.decision.slice_id] = e.decision.slice_name
         ch.install.append(e)
@@ -75,22 +129,36 @@ class Registry:
     def register(self, job: JobReg) -> tuple[Entry, Change]:
         with self._lock:
             ch = Change()
+            self._check(job)
+            if job.ident not in self._jobs and self._per_ep[job.ep] >= self._quota(job.ep):
+                raise OverQuota(f"this EP has {self._quota(job.ep)} jobs registered, its quota",
+                                job=job.job_id, obj=f"registration from {job.ep}",
+                                fix=f"raise max_jobs in [ep.{job.ep}] (or [api] max_jobs_per_ep) if the EP really "
+                                    "runs that many bridged jobs at once")
             e = self._entry(job)
             self._put(e, ch)
             return self._jobs[job.ident], ch
 
     def unregister(self, ep: str, key: str) -> Entry | None:
         with self._lock:
-            return self._jobs.pop((ep, key), None)
+            return self._drop((ep, key))
 
     def sync(self, ep: str, jobs: list[JobReg]) -> Change:
         """Make the EP's jobs exactly `jobs` (larkd's full list after a restart on either side)."""
         with self._lock:
             ch = Change()
+            if len({j.ident for j in jobs}) > self._quota(ep):
+                raise OverQuota(f"a resync of {len(jobs)} jobs is over this EP's quota of {self._quota(ep)}",
+                                obj=f"resync from {ep}", fix=f"raise max_jobs in [ep.{ep}] (or [api] max_jobs_per_ep)")
+            mine = {i for i in self._jobs if i[0] == ep}
+            for j in jobs:
+                self._check(j)
             entries = [self._entry(j) for j in jobs]   # all validated before anything changes
             keep = {j.ident for j in jobs}
-            for ident in [i for i in self._jobs if i[0] == ep and i not in keep]:
-                ch.remove.append(self._jobs.pop(ident))
+            for ident in [i for i in mine if i not in keep]:
+                removed = self._drop(ident)
+                if removed is not None:
+                    ch.remove.append(removed)
             for e in entries:
                 self._put(e, ch)
             self.synced_eps[ep] = time.time()

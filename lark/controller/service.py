@@ -81,8 +81,14 @@ class Controller:
         return code, {"jobs": len(jobs), "installed": len(ch.install), "removed": len(ch.remove),
                       **({"error": "; ".join(res["errors"])} if res["errors"] else {})}
 
-    def status(self) -> dict:
+    def status(self, ep: str | None = None) -> dict:
+        """Everything, for an admin (`ep` None); for an EP only its own jobs: the owners, addresses and policies of
+        other EPs' jobs, the switches and the WAN groups' traffic are not its business."""
         entries = self.registry.entries()
+        if ep is not None:
+            mine = [e for e in entries if e.job.ep == ep]
+            return {"jobs": [e.summary() for e in mine], "attributes": self.cfg.attributes,
+                    "totals": {"jobs": len(mine), "job_flows": sum(len(e.flows) for e in mine), "eps": [ep]}}
         app = self.app
         switches = []
         if app is not None:
