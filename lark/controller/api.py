@@ -82,8 +82,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _body(self) -> object:
         where = f"{self.command} {self.path} from {peer_name(self.connection)}"
+        keep, self.close_connection = self.close_connection, True   # a body not read to its end ends the connection
         given = self.headers.get_all("Content-Length") or ["0"]
-        if len(set(given)) != 1 or not given[0].isdigit():   # isdigit: no sign, no spaces, no "1e3"
+        if len(set(given)) != 1 or not (given[0].isascii() and given[0].isdigit()):   # no sign, space, "1e3", "²"
             raise LarkError(f"Content-Length {', '.join(given)!r} is not one length in bytes", obj=where,
                             fix="send one Content-Length header with the body's size")
         n = int(given[0])
@@ -97,6 +98,7 @@ class Handler(BaseHTTPRequestHandler):
                             fix="send as many bytes as Content-Length says") from None
         if len(data) != n:
             raise LarkError(f"the body ended after {len(data)} of {n} bytes", obj=where)
+        self.close_connection = keep
         try:
             return json.loads(data or b"{}")
         except (ValueError, RecursionError) as e:

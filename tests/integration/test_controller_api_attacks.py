@@ -91,7 +91,7 @@ def raw_request(pool, head: str, body: bytes = b"", cert: str = "ep1") -> tuple[
     with in_core(pool):
         sock = socket.create_connection(("127.0.0.1", pool.api_port), timeout=30)
     with pool.ssl_context(cert).wrap_socket(sock, server_hostname="127.0.0.1") as s:
-        s.sendall(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+        s.sendall(head.replace("\n", "\r\n").encode("latin-1") + b"\r\n" + body)   # as HTTP headers are
         data = b""
         while b"\r\n\r\n" not in data:
             data += s.recv(65536)
@@ -165,6 +165,7 @@ def test_kept_alive_connections_wait_for_their_next_request_without_a_worker(poo
 @pytest.mark.parametrize("head, body, words", [
     ("POST /v1/jobs HTTP/1.1\nHost: c\nContent-Length: -1\n", b"{}", "Content-Length"),
     ("POST /v1/jobs HTTP/1.1\nHost: c\nContent-Length: 2x\n", b"{}", "Content-Length"),
+    ("POST /v1/jobs HTTP/1.1\nHost: c\nContent-Length: \u00b2\n", b"{}", "Content-Length"),   # a digit to isdigit()
     ("POST /v1/jobs HTTP/1.1\nHost: c\nContent-Length: 2\nContent-Length: 9\n", b"{}", "Content-Length"),
     ("POST /v1/jobs HTTP/1.1\nHost: c\nContent-Length: 99999999\n", b"", "too large"),
     ("PUT /v1/sync HTTP/1.1\nHost: c\n", b'{"jo', "not JSON"),
