@@ -67,6 +67,7 @@ SWITCH = "core0"
 # Out-of-band control network between the core switch and the central manager (as on a real site).
 MGMT_CORE, MGMT_CM = "10.78.0.1", "10.78.0.2"
 OPENFLOW_PORT = 6653
+SWITCH_DPID = 0x0000000000000c01          # the core switch's datapath id, bound to its certificate (issue 26)
 REGISTRATION_PORT = 8443
 JOB_PORT = 20001                          # the probe jobs' listener (inside Lark's inbound_ports)
 SLOTS_PER_EP = 4                          # static slots per EP (start(slots_per_ep=...) for more)
@@ -458,14 +459,18 @@ def start_controller(state: dict, policies: str | None = None) -> None:
     """lark-controller in the CM's netns (from this tree's venv: it needs os-ken), the core switch its client.
 
     Certificates from `lark-controller certs`: the controller's names its API address (larkd checks it), each
-    EP's certificate name is the EP's identity at the controller."""
+    EP's certificate name is the EP's identity at the controller; the switch's is bound to its datapath id."""
     shutil.rmtree(CERTS, ignore_errors=True)
-    controller_cli("certs", "--dir", str(CERTS), f"controller={ADDRESS['cm']}", *EPS)
+    controller_cli("certs", "--dir", str(CERTS), f"controller={ADDRESS['cm']},{MGMT_CM}", *EPS,
+                   f"switch:{SWITCH_DPID:x}")
     (POOL / "controller.toml").write_text(controller_config(policies))
     p = _spawn_controller(state)
     # secure: without a controller the switch keeps the flows it has and never falls back to learning.
-    vsctl("set", "bridge", SWITCH, "fail_mode=secure", "--", "set-controller", SWITCH,
-          f"tcp:{MGMT_CM}:{OPENFLOW_PORT}")
+    # OpenFlow over TLS only: the switch presents its own certificate (switch role, bound to its datapath id).
+    switch_cert = CERTS / f"switch-{SWITCH_DPID:016x}"
+    vsctl("set", "bridge", SWITCH, "fail_mode=secure", f"other_config:datapath-id={SWITCH_DPID:016x}",
+          "--", "set-ssl", f"{switch_cert}.key", f"{switch_cert}.pem", str(CERTS / "ca.pem"),
+          "--", "set-controller", SWITCH, f"ssl:{MGMT_CM}:{OPENFLOW_PORT}")
     _wait_switch_ready(p)
 
 
