@@ -447,6 +447,8 @@ def controller_config(policies: str | None = None) -> str:
             f'site_prefixes = ["{GATEWAY.rsplit(".", 1)[0]}.0/{SITE_PREFIX}"]\n'
             # each EP's uplink is the switch port named after it (make_network)
             f'ep_ports = {{ {", ".join(f"{ep} = {json.dumps(ep)}" for ep in EPS)} }}\n'
+            # what each EP may register (issue 26): jobs in its bridge_range, entering by its own switch port
+            + "".join(f'[ep.{ep}]\nports = ["{ep}"]\naddresses = ["{JOB_RANGE[ep]}"]\n' for ep in EPS)
             + (SDN_POLICIES if policies is None else policies))
 
 

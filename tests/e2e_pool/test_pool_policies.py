@@ -113,7 +113,8 @@ def test_the_policies_hold_between_jobs_on_the_same_ep(policy_run, controller_st
     for other in ("alice@ep2", "bob@ep2"):
         assert seen(policy_run, "carol@ep2", other).startswith("blocked"), other
         assert seen(policy_run, other, "carol@ep2").startswith("blocked"), other
-    # flows per job stay constant: 6 for a sliced job on an isolated EP (5 + the hairpin), 2 for a dropped one
+    # flows per job stay constant: 7 for a sliced job on an isolated EP with an [ep.NAME] section (5, the hairpin,
+    # and the drop of its MAC from other switch ports), 2 for a dropped one
     _, views = policy_run
     flows = {j["owner"]: j["flows"] for j in views["running"]["jobs"]}
-    assert flows == {"alice": 6, "bob": 6, "carol": 2}, views["running"]["jobs"]
+    assert flows == {"alice": 7, "bob": 7, "carol": 2}, views["running"]["jobs"]
