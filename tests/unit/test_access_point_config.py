@@ -196,3 +196,21 @@ def test_the_one_machine_testbeds_map_lets_alice_claim_cms_and_not_bob(tmp_path)
     verdicts, _ = at_schedd(tmp_path, [submitted("alice", "cms"), submitted("bob", "cms")], mapped)
     assert [bool(v) for v in verdicts] == [False, True]
 
+
+
+def test_every_attribute_larkd_pushes_is_protected_and_refused_at_submit(tmp_path):
+    """The attack: a submitter presets a figure (NetworkInputMb = 0, say) and its job kills its wrapper, so no exit
+    barrier overwrites it: a job shorter than the first periodic push would keep the preset in its history and in
+    every dashboard that reads HTCondor's own attributes. Every attribute larkd writes (a push with every field
+    filled) must be protected after submit and refused at submit, each one alone."""
+    from lark.daemon.adpush import job_attributes
+    pushed = job_attributes({"usage": {"bytes_in": 1, "bytes_out": 1, "packets_in": 1, "packets_out": 1,
+                                       "avg_in_bps": 1.0, "avg_out_bps": 1.0, "peak_in_bps": 1.0, "peak_out_bps": 1.0},
+                             "plan": {"network_type": "nat", "ipv4": "10.0.0.2", "ipv6": "fd00::2",
+                                      "inbound_port": 20000, "rate_limit_mbit": 10}})
+    k = knobs(tmp_path, "PROTECTED_JOB_ATTRS", "SUBMIT_REQUIREMENT_LarkFigures")
+    assert true_for(k["SUBMIT_REQUIREMENT_LarkFigures"])
+    assert {"NetworkInputMb", "NetworkOutputMb", "LarkFiguresBy"} <= set(pushed)
+    for attr in pushed:
+        assert attr in k["PROTECTED_JOB_ATTRS"].split(), f"{attr} is not protected"
+        assert not true_for(k["SUBMIT_REQUIREMENT_LarkFigures"], **{attr: 0}), f"a preset {attr} is accepted"
