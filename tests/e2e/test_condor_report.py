@@ -83,9 +83,11 @@ def test_report_totals_each_group_within_one_percent(pool):
     downloaded = sum(n for _, g, _, n in jobs if g == down)
     uploaded = sum(n for _, g, _, n in jobs if g == up)
     assert groups[down]["jobs"] == 2 and groups[up]["jobs"] == 2
-    # Counters count IP bytes (payload + TCP/IP headers): the moved direction within 1% of the payload.
-    assert abs(groups[down]["bytes_in"] - downloaded) / downloaded < 0.01, groups[down]
-    assert abs(groups[up]["bytes_out"] - uploaded) / uploaded < 0.01, groups[up]
+    # Counters count IP bytes (payload + TCP/IP headers): never less than the payload, and at most its headers more.
+    # Headers are 52 bytes per 1448-byte segment (3.6%) when GSO does not merge segments; under load it merges less
+    # (an upload group read 1.15% over its payload once), so the bound is the headers', not a 1% accuracy goal.
+    assert downloaded <= groups[down]["bytes_in"] < downloaded * 1.04, groups[down]
+    assert uploaded <= groups[up]["bytes_out"] < uploaded * 1.04, groups[up]
 
     # Run again: nothing is counted twice, and grouping by owner within the groups adds up.
     rep2 = json.loads(lark_report("--by", "AcctGroup,Owner", "--since", str(since), "--json"))
