@@ -143,18 +143,53 @@ def test_sandbox_transfer_of_100_mb_each_way_is_in_the_jobs_history(pool):
     (d / "big.out").unlink()
 
 
+# HTCondor's starter (daemon_core.cpp, CreateProcessForkit::fork) writes two pids into a pipe it creates only for
+# CLONE_NEWPID; a process cloned with CLONE_NEWNET alone (NO_JOB_NETWORKING, and condor_ssh_to_job's sshd, which
+# never gets a PID namespace) has them written to an uninitialised descriptor. Usually that is fd 0 and the write
+# lands in /dev/null; when it is not a writable descriptor the starter dies with this message and the job restarts.
+# docs/admin.md, "Known HTCondor defects".
+STARTER_PIPE_DEFECT = 'ERROR "Unable to write into pipe."'
+
+
+def starter_log_sizes() -> dict:
+    return {f: f.stat().st_size for f in (testbed.ROOT / "var/log/condor").glob("StarterLog.slot*")}
+
+
+def starter_hit_pipe_defect(before: dict) -> bool:
+    """Whether a starter logged HTCondor's pipe defect since `before` (starter_log_sizes())."""
+    for f in (testbed.ROOT / "var/log/condor").glob("StarterLog.slot*"):
+        with open(f, "rb") as fh:
+            fh.seek(before.get(f, 0) if f.stat().st_size >= before.get(f, 0) else 0)
+            if STARTER_PIPE_DEFECT.encode() in fh.read():
+                return True
+    return False
+
+
 def test_condor_ssh_to_job_never_lands_in_the_hosts_network(pool):
     """The starter runs the session's sshd in a fresh empty netns of its own (NO_JOB_NETWORKING) and through
     Lark's wrapper, which lets it run there without a network: the session sees neither the host's uplink nor
-    its addresses, and the job it visits keeps running and finishes once. (Landing in the job's own netns needs
+    its addresses, and the job it visits keeps running and finishes. (Landing in the job's own netns needs
     larkd to start the sshd there: docs/design.md, "File transfer".)
     The job runs until the test puts a file in its scratch directory (at most 4 minutes), not for a fixed time: on
-    a loaded machine a fixed 25 s ran out while the session was still connecting ("Connection closed")."""
+    a loaded machine a fixed 25 s ran out while the session was still connecting ("Connection closed").
+    HTCondor's own defect (STARTER_PIPE_DEFECT) can kill the starter as it starts the sshd; the job then starts
+    again. The test then tries once more, and only an eviction with that exact starter message is let through:
+    every other restart, and any other failure of the session, still fails it."""
     c = submit("ssh-nat", job(exe="/bin/sh", args="-c 'i=0; while [ ! -e stop ] && [ $i -lt 240 ]; do sleep 1; "
                                                    "i=$((i+1)); done'"))
-    wait_queue(c, ["JobStatus"], lambda r: r[0] == "2", timeout=120)
-    cp = as_user(["condor_ssh_to_job", "-auto-retry", str(c),
-                  "cat /proc/net/dev; echo NETNS $(readlink /proc/self/ns/net)"])
+    defect_hits = 0
+    for _attempt in range(2):
+        wait_queue(c, ["JobStatus"], lambda r: r[0] == "2", timeout=180)
+        before = starter_log_sizes()
+        cp = as_user(["condor_ssh_to_job", "-auto-retry", str(c),
+                      "cat /proc/net/dev; echo NETNS $(readlink /proc/self/ns/net)"])
+        if cp.returncode == 0 or not starter_hit_pipe_defect(before):
+            break
+        defect_hits += 1
+        # the starter died: wait for the job's next start before the second session
+        deadline = time.time() + 180
+        while time.time() < deadline and starts(c).get(0, []).count("execute") < 1 + defect_hits:
+            time.sleep(2)
     assert cp.returncode == 0, cp.stderr
     devices = {line.split(":")[0].strip() for line in cp.stdout.splitlines()
                if ":" in line and "|" not in line and not line.startswith("NETNS")}
@@ -168,5 +203,7 @@ def test_condor_ssh_to_job_never_lands_in_the_hosts_network(pool):
     where = eventlog.last_execute(SUBMITTED[c] / "log.txt", f"{c}.0")
     assert where is not None and where.scratch, "the job's execute event names no scratch directory"
     (testbed.ROOT / where.scratch.lstrip("/") / "stop").touch()
-    code, mode = history(c, ["ExitCode", "LarkNetworkType"], timeout=120)
+    code, mode = history(c, ["ExitCode", "LarkNetworkType"], timeout=120, once=defect_hits == 0)
     assert (code, mode) == ("0", "nat")
+    # a restart is allowed only for each starter the defect killed, and nothing else ended a run
+    assert starts(c).get(0, []).count("execute") == 1 + defect_hits, starts(c)
