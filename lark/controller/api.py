@@ -4,7 +4,12 @@ sees only its own jobs; names in `admin_names` (and the controller's own certifi
 act for any EP and see everything. Nobody without a certificate from the controller's CA gets past the TLS
 handshake, and nobody on the network can hold the API's threads: handshakes run without blocking in one thread,
 each with a deadline, at most `max_handshakes` at once; only authenticated connections reach the bounded worker
-pool, at most MAX_CONNECTIONS_PER_EP of them per EP (issue 26)."""
+pool, at most MAX_CONNECTIONS_PER_EP of them per EP (issue 26).
+
+The certificate's role (its OU, lark.controller.certs) decides what it may ask: only an EP's (`lark-ep`) registers,
+removes and resyncs jobs; the controller's own (`lark-controller`) reads the status; a switch's (`lark-switch`), or
+one without a role, is refused every request (403): the CA signs all three, so the common name alone would let a
+stolen switch key register jobs."""
 from __future__ import annotations
 
 import contextlib
@@ -23,6 +28,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from ..errors import LarkError
+from . import certs
 from .config import ControllerConfig
 from .metrics import ControllerMetrics
 from .model import JobReg, Refused
@@ -55,13 +61,33 @@ def cert_name(path: str) -> str:
     return str(names[0].value) if names else ""
 
 
-def peer_name(sock: ssl.SSLSocket) -> str:
+def _subject(sock: ssl.SSLSocket, key: str) -> list[str]:
     cert: dict[str, Any] = sock.getpeercert() or {}  # its values' shapes differ by key
-    for rdn in cert.get("subject", ()):
-        for k, v in rdn:
-            if k == "commonName":
-                return v
-    return ""
+    return [v for rdn in cert.get("subject", ()) for k, v in rdn if k == key]
+
+
+def peer_name(sock: ssl.SSLSocket) -> str:
+    names = _subject(sock, "commonName")
+    return names[0] if names else ""
+
+
+def peer_role(sock: ssl.SSLSocket) -> str:
+    """The client certificate's role, as certs.role_of reads it: its one OU, "" when it has none or several."""
+    units = _subject(sock, "organizationalUnitName")
+    return units[0] if len(units) == 1 else ""
+
+
+def refusal(name: str, role: str, write: bool) -> Refused | None:
+    """Why a client with this certificate may not make this request (None: it may). `write`: a registration,
+    removal or resync."""
+    if role == certs.ROLE_EP or (role == certs.ROLE_CONTROLLER and not write):
+        return None
+    fix = (f"register jobs with the EP's own certificate (OU {certs.ROLE_EP}), made by `lark-controller certs --dir "
+           f"DIR <ep name>`") if write else (f"use an EP's certificate (OU {certs.ROLE_EP}) or the controller's "
+                                              "(`lark-controller status` on its host)")
+    what = "registers, removes and resyncs jobs only for EP certificates" if write else "serves EPs and the controller"
+    return Refused(f"certificate CN={name or '?'} has role {role or 'none'!r}: the registration API {what}",
+                   obj=f"request from {name or '?'}", fix=fix)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -77,6 +103,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        self.send_header("X-Lark-Boot", self.server.controller.boot)   # HA: a new one tells the EP to resync
         self.end_headers()
         self.wfile.write(data)
 
@@ -105,9 +132,14 @@ class Handler(BaseHTTPRequestHandler):
             raise LarkError(f"body is not JSON: {e}", obj=where, fix="send one JSON object") from None
 
     def _ep(self, body: object) -> str:
-        """The EP a request acts for: the certificate's name; an admin may name another EP."""
-        name = peer_name(self.connection)
-        if self.server.is_admin(name) and isinstance(body, dict) and body.get("ep"):
+        """The EP a request that changes jobs acts for: the certificate's name, which must have the EP role (a
+        switch's or the controller's certificate registers nothing); an admin EP may name another EP."""
+        name, role = peer_name(self.connection), peer_role(self.connection)
+        refused = refusal(name, role, write=True)
+        if refused is not None:
+            self.close_connection = True    # its body, if any, stays unread
+            raise refused
+        if self.server.is_admin(name, role) and isinstance(body, dict) and body.get("ep"):
             return str(body["ep"])
         return name
 
@@ -137,14 +169,19 @@ class Handler(BaseHTTPRequestHandler):
         self.handle_one_request()
 
     def _status(self) -> tuple[int, dict]:
-        name = peer_name(self.connection)
-        if not self.server.is_admin(name):
+        name, role = peer_name(self.connection), peer_role(self.connection)
+        refused = refusal(name, role, write=False)
+        if refused is not None:
+            raise refused
+        if not self.server.is_admin(name, role):
             return 200, self.server.controller.status(name)
         return 200, {**self.server.controller.status(), "api": self.server.load()}
 
     def do_GET(self) -> None:
         if self.path == "/v1/status":
             self._run(self._status)
+        elif self.path == "/v1/health":    # the EPs' health poll (HA model, docs/controller.md)
+            self._run(lambda: (200, self.server.controller.health()))
         else:
             self._reply(404, {"error": f"no such resource {self.path}"})
 
@@ -153,6 +190,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(404, {"error": f"no such resource {self.path}"})
 
         def register():
+            self._ep({})    # the certificate's role before the body is read
             body = self._body()
             job = JobReg.from_wire(body, self._ep(body))
             return self.server.controller.register(job)
@@ -169,6 +207,7 @@ class Handler(BaseHTTPRequestHandler):
             return self._reply(404, {"error": f"no such resource {self.path}"})
 
         def sync():
+            self._ep({})
             body = self._body()
             ep = self._ep(body)
             jobs = body.get("jobs") if isinstance(body, dict) else None
@@ -297,7 +336,8 @@ class ApiServer(HTTPServer):
         self.controller = controller
         self.metrics = metrics
         self.ctx = server_context(cfg)
-        self.admins = set(cfg.admin_names) | {cert_name(cfg.cert)}
+        self.admins = set(cfg.admin_names)
+        self.controller_name = cert_name(cfg.cert)
         self.waits = Waits(cfg.handshake_timeout, cfg.max_handshakes, self._ready, self._release)
         self.workers = ThreadPoolExecutor(cfg.workers, thread_name_prefix="lark-api-worker")
         # connections per EP name past their handshake (in a worker, queued for one, or idle between requests)
@@ -306,8 +346,12 @@ class ApiServer(HTTPServer):
         self._lock = threading.Lock()
         super().__init__((cfg.api_host, cfg.api_port), Handler)
 
-    def is_admin(self, name: str) -> bool:
-        return bool(name) and name in self.admins
+    def is_admin(self, name: str, role: str) -> bool:
+        """Sees every job; an admin EP may also act for another EP. An EP certificate that merely has the
+        controller's name is not the controller."""
+        if role == certs.ROLE_CONTROLLER:
+            return name == self.controller_name or name in self.admins
+        return role == certs.ROLE_EP and bool(name) and name in self.admins
 
     def load(self) -> dict:
         """The API's own figures, for admins' status."""

@@ -10,9 +10,10 @@ import shutil
 import socket
 
 import pytest
-from helpers.sdn import GW, SdnPool
+from helpers.sdn import CORE_DPID, GW, SdnPool
 from helpers.waits import wait_until
 
+from lark.controller import certs
 from lark.kernel import netns as nsutil
 
 pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
@@ -242,3 +243,34 @@ def test_the_status_tells_an_ep_only_about_its_own_jobs(pool):
     assert "bob" not in json.dumps(st) and "switches" not in st
     everything = pool.api("GET", "/v1/status", cert="controller")[1]
     assert {"ep1", "ep2"} <= {j["ep"] for j in everything["jobs"]} and everything["switches"]
+
+
+def test_a_switch_or_the_controller_certificate_cannot_register_remove_or_resync_jobs(pool):
+    """The CA signs EP, switch and controller certificates alike; only an EP's (OU lark-ep) may change jobs. A stolen
+    switch key must not register a job (its flows would tag any MAC into any slice), and the controller's own
+    certificate, which may read everything, must not act for an EP (an empty resync "for ep2" would wipe its jobs)."""
+    assert pool.register("bob")[0] == 200
+    bob = pool.jobs["bob"]["reg"]
+    before = {j["key"]: j["cookie"] for j in pool.api("GET", "/v1/status", cert="ep2")[1]["jobs"]}
+    flows_before = flow_specs(pool, before[bob["key"]])
+    switch = certs.switch_name(CORE_DPID)
+    forged = {**bob, "key": "slot-forged", "mac": "02:77:00:0d:00:02", "addresses": ["10.77.1.13"]}
+    for cert, role in (("controller", "lark-controller"), (switch, "lark-switch")):
+        attempts = [("POST", "/v1/jobs", forged), ("POST", "/v1/jobs", {**forged, "ep": "ep2"}),
+                    ("PUT", "/v1/sync", {"ep": "ep2", "jobs": []}), ("PUT", "/v1/sync", {"jobs": [forged]}),
+                    ("DELETE", f"/v1/jobs/{bob['key']}", None)]
+        for method, path, body in attempts:
+            code, answer = pool.api(method, path, body, cert=cert)
+            assert code == 403 and f"role {role!r}" in answer["error"] and "EP certificates" in answer["error"], \
+                (cert, method, path, answer)
+    code, answer = pool.api("GET", "/v1/status", cert=switch)
+    assert code == 403 and "'lark-switch'" in answer["error"], answer
+    # nothing changed: ep2's jobs and bob's flows are all there, no forged job anywhere
+    everything = pool.api("GET", "/v1/status", cert="controller")
+    assert everything[0] == 200 and everything[1]["switches"], everything
+    assert {j["key"]: j["cookie"] for j in everything[1]["jobs"] if j["ep"] == "ep2"} == before
+    assert not any(j["key"] == "slot-forged" for j in everything[1]["jobs"])
+    assert flow_specs(pool, before[bob["key"]]) == flows_before
+    assert not any("10.77.1.13" in f for f in pool.flows())
+    # and an EP's certificate still registers: the check is by role, not a blanket refusal
+    assert pool.register("bob")[0] == 200
