@@ -117,7 +117,7 @@ class Config:
     ovs_rundir: str = "/var/run/openvswitch"   # where ovs-vswitchd puts <bridge>.mgmt
     ovs_datapath: str = "auto"          # "system" (kernel module), "netdev" (userspace), or auto-detect
     # The pool's SDN controller (lark-controller, docs/controller.md): bridged jobs are registered there.
-    controller_url: str = ""            # e.g. "https://10.77.0.2:8443"; "" = no controller
+    controller_url: str = ""            # e.g. "https://10.77.0.2:8443"; several (comma-separated): HA; "" = none
     controller_ca: str = "/etc/lark/controller/ca.pem"    # the CA that signed the controller's certificate
     controller_cert: str = "/etc/lark/controller/ep.pem"  # this EP's client certificate (its name = the EP)
     controller_key: str = "/etc/lark/controller/ep.key"   # the key of controller_cert (root-only file)
@@ -264,9 +264,11 @@ class Config:
             if not lo6 <= hi6 or int(hi6) - int(lo6) > 1 << 20:
                 raise bad("bridge_range6", f"{self.bridge_range6} is empty or larger than 2^20 addresses",
                           "give first-last of at most a million addresses")
-        if self.controller_url and not re.fullmatch(r"https://[\w.\[\]:-]+(:\d+)?/?", self.controller_url):
-            raise bad("controller_url", f"{self.controller_url!r} is not an https URL",
-                      'write e.g. "https://10.77.0.2:8443" (mutual TLS), or "" for no controller')
+        for url in re.split(r"[,\s]+", self.controller_url.strip()) if self.controller_url.strip() else []:
+            if not re.fullmatch(r"https://[\w.\[\]:-]+(:\d+)?/?", url):
+                raise bad("controller_url", f"{url!r} is not an https URL",
+                          'write e.g. "https://10.77.0.2:8443" (mutual TLS), several separated by commas for '
+                          'controllers in HA (docs/controller.md), or "" for no controller')
         if not re.fullmatch(r"[A-Za-z0-9._-]{1,253}", self.controller_name):
             raise bad("controller_name", f"{self.controller_name!r} is not a certificate name",
                       "use the NAME given to `lark-controller certs` for the controller, e.g. controller")

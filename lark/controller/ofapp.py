@@ -37,6 +37,9 @@ CONFIG: ControllerConfig | None = None
 REGISTRY: Registry | None = None
 INSTANCE: LarkSwitchApp | None = None
 ALL_COOKIES = 0xFFFFFFFFFFFFFFFF
+# Reconciliation leaves a job cookie it does not know alone until its flows are this old (or reconcile_grace, if
+# shorter): another controller of the pool may have installed it for a registration still on its way here.
+STALE_AGE = 10.0
 
 
 @dataclass
@@ -306,8 +309,9 @@ class LarkSwitchApp(app_manager.OSKenApp):
     def _grace_over(self) -> bool:
         return time.time() - self.started >= self.cfg.reconcile_grace
 
-    def switch_cookies(self, sw: Switch) -> dict[int, int]:
-        """Job cookies on the switch, with their number of flows."""
+    def switch_cookies(self, sw: Switch, ages: dict[int, int] | None = None) -> dict[int, int]:
+        """Job cookies on the switch, with their number of flows (and in `ages` the age in seconds of each cookie's
+        youngest flow)."""
         dp = sw.dp
         p, o = dp.ofproto_parser, dp.ofproto
         req = p.OFPFlowStatsRequest(dp, 0, o.OFPTT_ALL, o.OFPP_ANY, o.OFPG_ANY, JOB_COOKIE_TAG, COOKIE_TAG_MASK,
@@ -316,7 +320,16 @@ class LarkSwitchApp(app_manager.OSKenApp):
         for reply in self._request(dp, req, max(self.cfg.barrier_timeout, 5.0)):
             for stat in reply.body:
                 counts[stat.cookie] = counts.get(stat.cookie, 0) + 1
+                if ages is not None:
+                    ages[stat.cookie] = min(ages.get(stat.cookie, stat.duration_sec), stat.duration_sec)
         return counts
+
+    @property
+    def stale_age(self) -> float:
+        """Seconds a job cookie unknown here must have been on the switch before reconciliation removes it. With
+        two controllers (HA model, docs/controller.md) a job the other one installed a moment ago may not have
+        reached this one yet (its EP sends it to both, not at the same instant): its flows must not go."""
+        return min(self.cfg.reconcile_grace, STALE_AGE)
 
     def reconcile_base(self, sw: Switch) -> int:
         """Remove the controller's own flows that the current config no longer has (e.g. a WAN policy deleted
@@ -340,9 +353,10 @@ class LarkSwitchApp(app_manager.OSKenApp):
 
     def reconcile(self, sw: Switch) -> dict:
         """Remove the flows of every job cookie on the switch that no registered job owns."""
-        known = self.registry.cookies()
-        on_switch = self.switch_cookies(sw)
-        stale = [c for c in on_switch if c not in known]
+        ages: dict[int, int] = {}
+        on_switch = self.switch_cookies(sw, ages)
+        known = self.registry.cookies()    # after the listing: a job registered meanwhile counts as known
+        stale = [c for c in on_switch if c not in known and ages.get(c, 0) >= self.stale_age]
         if stale:
             self._batch(sw, [], stale)
         self.wan.reconcile(sw)

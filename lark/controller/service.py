@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 from typing import Any
 
@@ -29,6 +30,9 @@ class Controller:
         self.cfg = cfg
         self.registry = registry
         self.started = time.time()
+        # This process's boot id, in every API answer (header X-Lark-Boot): an EP that sees it change knows the
+        # controller restarted with an empty registry and resyncs it at once (HA model, docs/controller.md).
+        self.boot = secrets.token_hex(8)
 
     @property
     def app(self) -> ofapp.LarkSwitchApp | None:
@@ -81,6 +85,12 @@ class Controller:
         return code, {"jobs": len(jobs), "installed": len(ch.install), "removed": len(ch.remove),
                       **({"error": "; ".join(res["errors"])} if res["errors"] else {})}
 
+    def health(self) -> dict:
+        """What an EP's health poll reads (GET /v1/health): the boot id and how many switches are ready."""
+        app = self.app
+        ready = sum(1 for sw in list(app.switches.values()) if sw.ready.is_set()) if app is not None else 0
+        return {"boot": self.boot, "switches": ready}   # nothing about other EPs' jobs
+
     def status(self, ep: str | None = None) -> dict:
         """Everything, for an admin (`ep` None); for an EP only its own jobs: the owners, addresses and policies of
         other EPs' jobs, the switches and the WAN groups' traffic are not its business."""
@@ -103,6 +113,6 @@ class Controller:
                 "totals": {"jobs": len(entries), "job_flows": job_flows, "base_flows": base,
                            "flows_per_switch": job_flows + base,
                            "eps": sorted({e.job.ep for e in entries})},
-                "uptime": time.time() - self.started, "rss_kib": _rss_kib(),
+                "uptime": time.time() - self.started, "rss_kib": _rss_kib(), "boot": self.boot,
                 "attributes": self.cfg.attributes,
                 "wan_groups": app.wan.status() if app is not None and getattr(app, "wan", None) is not None else []}

@@ -92,12 +92,13 @@ def test_restarted_larkd_resyncs_its_jobs_to_the_controller(closed_ep):
     try:
         p = host.spawn_job("slot3", ["listen", "9000", "45"], job_ad=AD.format(n=73))  # outlives slow restarts
         wait_ready(host, "slot3")
-        # The controller loses its state (kill -9 and start), then larkd restarts: its first resync restores it.
+        # The controller loses its state (kill -9 and start) while larkd is down (a running larkd would resync it at
+        # once: tests/integration/test_controller_ha.py), then larkd starts: its first resync restores it.
+        host.stop_larkd()
         pool.kill_controller()
         pool.start_controller()
         pool.wait_switch()
         assert pool.api("GET", "/v1/status", cert="controller")[1]["totals"]["jobs"] == 0
-        host.stop_larkd()
         host.start_larkd()
         deadline = time.time() + 30
         while time.time() < deadline:
