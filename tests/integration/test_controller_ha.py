@@ -13,7 +13,8 @@ import time
 import pytest
 
 from helpers.fakehost import WORLD_IP
-from helpers.sdn import BRIDGE, DROP_MALLORY, SdnPool, free_port
+from helpers.sdn import DROP_MALLORY
+from helpers.sdn_ha import HaPool
 from helpers.waits import wait_for, wait_ready
 from lark.controller import certs
 
@@ -32,88 +33,16 @@ WHOLE_BOUND = 10.0     # s from a restarted controller's first answer to all job
 SERVED_BOUND = 10.0    # s from the kill -9 to the next job's flows acknowledged (measured well under 1 s)
 
 
-class HaPool(SdnPool):
-    """SdnPool with a second controller (its own OpenFlow and API ports, the same config otherwise) on the same
-    switch: `set-controller` names both, and the switch retries a lost one every second (max_backoff)."""
-
-    def __init__(self, *a, **kw):
-        super().__init__(*a, **kw)
-        self.ports = [(self.of_port, self.api_port), (free_port(), free_port())]
-        self.ctls: list = [None, None]
-
-    def cfg_of(self, i: int):
-        return self.cfg_path if i == 0 else self.tmp / "sdn2.toml"
-
-    def start_controller(self, i: int = 0) -> None:
-        if i == 1:
-            text = self.cfg_path.read_text()
-            for (of0, api0), (of1, api1) in [(self.ports[0], self.ports[1])]:
-                text = text.replace(f"port = {of0}\n", f"port = {of1}\n").replace(f"port = {api0}\n",
-                                                                                  f"port = {api1}\n")
-            self.cfg_of(1).write_text(text)
-        saved = self.cfg_path, self.log_path
-        self.cfg_path, self.log_path = self.cfg_of(i), self.tmp / f"controller{i}.log"
-        try:
-            super().start_controller()
-        finally:
-            self.cfg_path, self.log_path = saved
-        self.ctls[i] = self.ctl
-
-    def start(self) -> "HaPool":
-        super().start()                       # controller 0 and the switch, connected over TLS
-        self.start_controller(1)
-        self.ovs.vsctl("set-controller", BRIDGE, *(f"ssl:127.0.0.1:{of}" for of, _ in self.ports))
-        for uuid in self.ovs.vsctl("--bare", "--columns=_uuid", "list", "controller").split():
-            self.ovs.vsctl("set", "controller", uuid, "max_backoff=1000")
-        for i in (0, 1):
-            self.wait_ready(i)
-        return self
-
-    def api_at(self, i: int, *a, **kw):
-        saved, self.api_port = self.api_port, self.ports[i][1]
-        try:
-            return self.api(*a, **kw)
-        finally:
-            self.api_port = saved
-
-    def status(self, i: int) -> dict:
-        code, st = self.api_at(i, "GET", "/v1/status", cert="controller")
-        assert code == 200, st
-        return st
-
-    def wait_ready(self, i: int, timeout: float = 30) -> float:
-        """Until controller i has the switch ready; returns when its API first answered (time.time())."""
-        deadline, first = time.time() + timeout, None
-        while time.time() < deadline:
-            if self.ctls[i].poll() is not None:
-                raise RuntimeError(f"controller {i} exited:\n{(self.tmp / f'controller{i}.log').read_text()[-4000:]}")
-            try:
-                st = self.status(i)
-                first = first or time.time()
-                if any(s["ready"] for s in st["switches"]):
-                    return first
-            except (OSError, AssertionError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"controller {i}: the switch was not ready within {timeout} s")
-
-    def kill(self, i: int) -> None:
-        self.ctls[i].kill()
-        self.ctls[i].wait(10)
-
-
 @pytest.fixture
 def ha(fakehost_factory, tmp_path):
     """A fake EP whose larkd lists both controllers (periodic resync: an hour), then both started in its netns."""
     tls = tmp_path / "tls"
     certs.make(str(tls), ["controller=127.0.0.1", "ep1"])
     pool = HaPool(str(tmp_path), policies=POLICIES, reconcile_grace=30.0)
-    urls = ",".join(f"https://127.0.0.1:{api}" for _, api in pool.ports)
-    host = fakehost_factory(**BRIDGE_CFG, controller_url=urls, controller_ca=str(tls / "ca.pem"),
+    host = fakehost_factory(**BRIDGE_CFG, controller_url=pool.urls, controller_ca=str(tls / "ca.pem"),
                             controller_cert=str(tls / "ep1.pem"), controller_key=str(tls / "ep1.key"),
                             controller_timeout=2.0, controller_resync=3600.0)
-    pool.core, pool.own_core = host.host_ns, False
-    pool.ovs.netns = host.host_ns
+    pool.in_netns(host.host_ns)
     try:
         pool.start()
         yield host, pool
