@@ -76,6 +76,7 @@ bench: deps
 	$(VPY) bench/paper_fig8.py
 	$(VPY) bench/report.py
 	$(VPY) bench/controller.py
+	$(VPY) bench/controller_ha.py
 	$(VPY) bench/escape_attempts.py
 	flock /tmp/lark-testbed.lock $(VPY) bench/paper_wan.py
 
