@@ -39,13 +39,17 @@ Per job, from the EPs' own logs (STARTD_DEBUG/STARTER_DEBUG = D_SUB_SECOND, mill
             lark - plain, at p50 and at p99 (an upper bound: it includes the barrier).
   slot_ms   activate_claim -> the startd seeing the starter exit (StartLog): the whole time the slot is busy,
             including output transfer and the starter's clean-up.
+  barrier_ms  the exit barrier as larkd serves it (its LarkdLog line `exit barrier of job J: pushed in N ms`: the
+            wrapper's `push` request -> the answer, i.e. reading the counters and editing the job's ad at the schedd);
+            the wrapper waits for this after /bin/true ended, so it is part of start_ms and slot_ms.
 The job ad's view is coarser: JobCurrentStartExecutingDate - JobCurrentStartDate (the shadow's activation to
 the starter's "executing" report; whole seconds, and with Lark it is reached before the job wrapper runs) is
 printed as a mean for reference. wall_s: condor_submit -> every job of the cluster terminated (condor_wait on
 the cluster's user log), including negotiation; both halves start from all slots unclaimed.
 
-Prints a table, then one line:
-  jobs=<n> wall_lark_s=<x> wall_plain_s=<y> start_p50_added_ms=<a> start_p99_added_ms=<b> ...
+Prints a table, the issue-27 goals for the pool with met/missed (bench/goals.py), then one line:
+  jobs=<n> wall_lark_s=<x> wall_plain_s=<y> start_p50_added_ms=<a> start_p99_added_ms=<b> slot_p50_added_ms=<c>
+  wall_ratio=<x/y> barrier_p50_ms=<d> barrier_p99_ms=<e> goals_met=<m>/<all> [missed=<keys>]
 Run as root; the pool shares the testbed's root, so hold the lock: `flock /tmp/lark-testbed.lock` (make bench does).
 """
 from __future__ import annotations
@@ -65,6 +69,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(REPO / "testbed"))
 import eventlog  # noqa: E402 (testbed/, standard library only)
+
+sys.path.insert(0, str(HERE))
+import goals  # noqa: E402 (bench/goals.py)
 
 N_JOBS = int(os.environ.get("BENCH_JOBS", "50"))
 USER = "alice"
@@ -158,6 +165,14 @@ def parse_start_log(text: str) -> dict[str, tuple[float, float | None]]:
     return out
 
 
+_BARRIER = re.compile(r"exit barrier of job (\d+\.\d+): (?:not )?pushed in ([0-9.]+) ms")
+
+
+def parse_barriers(text: str) -> dict[str, float]:
+    """Job id -> ms larkd took to serve its exit barrier (request -> answer), from a LarkdLog."""
+    return {m.group(1): float(m.group(2)) for m in _BARRIER.finditer(text)}
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0-100) by the nearest-rank method: a value that was measured, never interpolated."""
     if not values:
@@ -183,6 +198,7 @@ class Half:
     slot_ms: list[float]
     ad_start_s: list[float]
     steps: dict[str, float] = field(default_factory=dict)
+    barrier_ms: list[float] = field(default_factory=list)   # larkd's side of each job's exit barrier (lark half)
 
     def row(self) -> list[str]:
         ad = f"{sum(self.ad_start_s) / len(self.ad_start_s):.2f}" if self.ad_start_s else "-"
@@ -255,6 +271,30 @@ def summary(lark: Half, plain: Half) -> str:
             f"start_p50_added_ms={added50:.0f} start_p99_added_ms={added99:.0f} slot_p50_added_ms={slot50:.0f}")
 
 
+def issue27_goals(lark: Half, plain: Half) -> list[goals.Goal]:
+    """Issue 27's goals for the pool, from the two halves of one run."""
+    barrier = percentile(lark.barrier_ms, 50) if lark.barrier_ms else float("nan")
+    return [
+        goals.Goal("start_p50_added_ms", "start latency added, p50",
+                   percentile(lark.start_ms, 50) - percentile(plain.start_ms, 50), "<=", 50),
+        goals.Goal("start_p99_added_ms", "start latency added, p99",
+                   percentile(lark.start_ms, 99) - percentile(plain.start_ms, 99), "<=", 250),
+        goals.Goal("slot_p50_added_ms", "slot busy time added, p50",
+                   percentile(lark.slot_ms, 50) - percentile(plain.slot_ms, 50), "<=", 100),
+        goals.Goal("wall_ratio", f"{len(lark.start_ms)} jobs' wall time, lark / plain", lark.wall_s / plain.wall_s,
+                   "<=", 1.10, "x"),
+        goals.Goal("barrier_p50_ms", "exit barrier (larkd: request -> answer), p50", barrier, "<=", 20),
+    ]
+
+
+def final_line(lark: Half, plain: Half) -> str:
+    """summary() with the wall time ratio, the barrier and the goals: the bench's one key=value line."""
+    b50 = percentile(lark.barrier_ms, 50) if lark.barrier_ms else float("nan")
+    b99 = percentile(lark.barrier_ms, 99) if lark.barrier_ms else float("nan")
+    return (f"{summary(lark, plain)} wall_ratio={lark.wall_s / plain.wall_s:.2f} barrier_p50_ms={b50:.1f} "
+            f"barrier_p99_ms={b99:.1f} {goals.fields(issue27_goals(lark, plain))}")
+
+
 def table(halves: list[Half]) -> str:
     heads = ["path", "jobs", "wall s", "start p50 ms", "start p99 ms", "slot p50 ms", "slot p99 ms",
              "job ad start s (mean)"]
@@ -290,6 +330,15 @@ def _wait_unclaimed(pool, timeout: float = 120) -> None:
             return
         time.sleep(1)
     raise RuntimeError(f"pool slots not all Unclaimed after {timeout:.0f} s: {seen!r}")
+
+
+def _read_barriers(pool) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for ep in pool.EPS:
+        f = pool.root_of(ep) / "var/log/condor/LarkdLog"
+        if f.exists():
+            out.update(parse_barriers(f.read_text(errors="replace")))
+    return out
 
 
 def _read_logs(pool) -> tuple[dict[str, StarterRun], dict[str, tuple[float, float | None]]]:
@@ -365,7 +414,11 @@ def run_half(pool, name: str) -> Half:
     start_ms, slot_ms = measure(starters, slots, jobs, want_lark=(name == "lark"))
     ad_s = [s for a in ads if (s := job_ad_start_s(a)) is not None]
     log.info("%s: cluster %d, %d jobs in %.1f s", name, cluster, N_JOBS, wall)
-    return Half(name, wall, start_ms, slot_ms, ad_s, breakdown(starters, slots, jobs))
+    barriers = _read_barriers(pool)
+    barrier_ms = [barriers[j] for j in jobs if j in barriers]
+    if name == "lark" and len(barrier_ms) != N_JOBS:
+        log.warning("lark: %d of %d jobs have an exit barrier line in the EPs' LarkdLog", len(barrier_ms), N_JOBS)
+    return Half(name, wall, start_ms, slot_ms, ad_s, breakdown(starters, slots, jobs), barrier_ms)
 
 
 def main() -> int:
@@ -399,8 +452,14 @@ def main() -> int:
     print(table([lark, plain]))
     print()
     print(breakdown_table([lark, plain]))
+    if lark.barrier_ms:
+        b = lark.barrier_ms
+        print(f"exit barrier (larkd's LarkdLog, {len(b)} jobs): p50 {percentile(b, 50):.1f} ms, "
+              f"p99 {percentile(b, 99):.1f} ms, max {max(b):.1f} ms")
     print()
-    print(summary(lark, plain))
+    print(goals.table(issue27_goals(lark, plain), "issue 27 goals, pool testbed"))
+    print()
+    print(final_line(lark, plain))
     return 0
 
 

@@ -170,3 +170,21 @@ def test_breakdown_medians_each_step_from_both_logs():
                                     pytest.approx(424.0)]
     half = bench.Half("lark", 1.0, [1.0], [1.0], [], steps)
     assert "729" in bench.breakdown_table([half]).splitlines()[2]
+
+
+def test_barriers_come_from_larkds_log_and_every_goal_is_met_or_missed():
+    text = ("2026-11-26 04:40:01,100 INFO lark.daemon.server: exit barrier of job 131.0: pushed in 12.5 ms "
+            "(counters 0.9 ms, schedd 11.6 ms)\n"
+            "2026-11-26 04:40:02,100 INFO lark.daemon.server: exit barrier of job 132.0: not pushed in 30.0 ms "
+            "(counters 0.9 ms, schedd 29.1 ms)\n"
+            "2026-11-26 04:40:03,100 INFO lark.daemon.server: networked job 133.0 on slot1: bridge - in 9.0 ms\n")
+    assert bench.parse_barriers(text) == {"131.0": 12.5, "132.0": 30.0}
+    lark = bench.Half("lark", 11.0, [100.0 + i for i in range(50)], [500.0] * 50, [], barrier_ms=[12.5] * 50)
+    plain = bench.Half("plain", 10.0, [40.0 + i for i in range(50)], [450.0] * 50, [])
+    line = bench.final_line(lark, plain)
+    assert line.endswith("wall_ratio=1.10 barrier_p50_ms=12.5 barrier_p99_ms=12.5 goals_met=4/5 "
+                         "missed=start_p50_added_ms")
+    table = bench.goals.table(bench.issue27_goals(lark, plain))
+    assert [row.split()[-1] for row in table.splitlines()[1:]] == ["missed", "met", "met", "met", "met"]
+    lark.barrier_ms = []
+    assert "barrier_p50_ms" in bench.final_line(lark, plain).split("missed=")[1]
