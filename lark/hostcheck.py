@@ -210,6 +210,39 @@ def job_exit_hook(run: Runner) -> Finding:
                    " from the configuration (Lark's barrier is in lark-job-wrapper), then condor_reconfig")
 
 
+def condor_true(value: str | None) -> bool:
+    """A boolean knob as HTCondor spells it (`True`, `true`, `1`, `yes`); undefined is false."""
+    return (value or "").strip().lower() in ("true", "t", "yes", "y", "1")
+
+
+STARTER_WRAPPER = "lark-starter"  # the STARTER that turns on NO_JOB_NETWORKING for every job (starter_wrapper.py)
+
+
+def pid_namespaces(run: Runner) -> Finding:
+    """HTCondor's CreateProcessForkit::fork (daemon_core.cpp, 24.7.3 to 25.x and master of 2026-08) makes its pipe
+    only for CLONE_NEWPID but writes both pids into it after every clone: with NO_JOB_NETWORKING and no PID
+    namespace the starter writes 8 bytes into whatever its uninitialised fd is, and dies ("Unable to write into
+    pipe.") when that is no writable fd. USE_PID_NAMESPACES gives the job's clone its pipe (docs/admin.md, "Known
+    HTCondor defects"); condor_ssh_to_job's sshd never gets a PID namespace, so it keeps the defect."""
+    starter = condor_param(run, "STARTER") or ""
+    nojn = condor_true(condor_param(run, "NO_JOB_NETWORKING")) or os.path.basename(starter) == STARTER_WRAPPER
+    pidns = condor_true(condor_param(run, "USE_PID_NAMESPACES"))
+    sshd = "condor_ssh_to_job's sshd is still cloned without one (HTCondor never gives it a PID namespace)"
+    if not nojn:
+        return Finding("pidns", f"no NO_JOB_NETWORKING (STARTER = {starter or 'not set'})", True,
+                       "the starter clones no job into a namespace, so its pipe defect is not reached")
+    if pidns:
+        return Finding("pidns", "USE_PID_NAMESPACES = True with NO_JOB_NETWORKING", True,
+                       "each job is cloned with CLONE_NEWPID, so the starter writes the job's pids into a real pipe "
+                       f"and jobs cannot see Lark's hooks (condor_ssh_to_job sessions still can); {sshd}")
+    return Finding("pidns", "NO_JOB_NETWORKING without USE_PID_NAMESPACES", False,
+                   "HTCondor's starter clones each job with CLONE_NEWNET alone and then writes 8 bytes of pids into "
+                   "an uninitialised file descriptor (CreateProcessForkit::fork): into whatever file it is, or the "
+                   "starter dies with \"Unable to write into pipe.\" and the job is restarted",
+                   "USE_PID_NAMESPACES = True on this execution point, then condor_reconfig (docs/admin.md, \"Known "
+                   f"HTCondor defects\": on a chroot EP / must be a mount point); {sshd}")
+
+
 def file_transfer(run: Runner) -> Finding:
     """What of a job's data HTCondor moves outside the job's network (docs/design.md, "File transfer")."""
     url = (condor_param(run, "ENABLE_URL_TRANSFERS") or "true").lower() not in ("false", "0", "no")
@@ -271,7 +304,8 @@ def process_identity(fallback: Callable[[], str] | None = None, kernel: str | No
 
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
     return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), prepare_job_start(run),
-            net_namespaces(), job_exit_hook(run), file_transfer(run), bandwidth_capacity(cfg), process_identity()]
+            net_namespaces(), pid_namespaces(run), job_exit_hook(run), file_transfer(run), bandwidth_capacity(cfg),
+            process_identity()]
 
 
 def report(findings: list[Finding]) -> tuple[str, int]:
