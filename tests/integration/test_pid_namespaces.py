@@ -7,12 +7,19 @@ SO_PEERCRED and its process tree, network it, watch its starter and tear down wh
 docs/admin.md, "Known HTCondor defects"."""
 import json
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
 
 import pytest
 from helpers.fakehost import HERE, HOST_IP, JOB_PY, WORLD_IP, sh
 from helpers.waits import finished
 
 from lark import config as larkconfig
+from lark import protocol
 
 # The job's program: who it is in its namespace, what larkd gave it, and whether the world answers it.
 PROBE = f"""
@@ -67,3 +74,61 @@ def test_a_job_that_is_pid_1_of_its_own_pid_namespace_is_networked_watched_and_t
     s = finished(host, "41.0")                             # larkd saw the starter end and wrote the final record
     assert s["bytes_out"] > 0 and s["bytes_in"] > 0, s
     assert not any(host.wait_clean().values()), host.residue()
+
+
+@pytest.fixture
+def barrier_larkd():
+    """A stand-in larkd that networks nothing but announces an exit barrier, so the wrapper forks the program and
+    stays as pid 1 of the job's namespace (what a real larkd with a schedd to push to does); the ops it was asked.
+    Its socket is in a directory of /tmp the job's uid can reach (pytest's own are 0700)."""
+    d = tempfile.mkdtemp(prefix="lark-pidns-", dir="/tmp")
+    os.chmod(d, 0o755)
+    path = os.path.join(d, "lark.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    os.chmod(path, 0o777)
+    srv.listen(8)
+    asked: list[str] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            with conn:
+                line = conn.makefile("rb").readline()
+                asked.append(protocol.parse_request(line)["op"])
+                conn.sendall(protocol.ok(env={}, exit_barrier=5.0, pushed=True))
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield path, asked
+    srv.close()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_soft_kill_reaches_the_program_through_the_wrapper_as_pid_1(pidns_starter, barrier_larkd):
+    """The kernel drops a signal to a namespace's init that has no handler for it: the wrapper, pid 1 while it holds
+    the exit barrier, must still pass the starter's SIGTERM (condor_rm's soft kill) on to the program."""
+    path, asked = barrier_larkd
+    code = "import os, time; print(os.getpid(), os.getppid(), flush=True); time.sleep(300)"
+    p = subprocess.Popen([pidns_starter, "-a", "p2", "-u", "65534", "--", "env", f"LARK_SOCKET={path}",
+                          f"PYTHONPATH={HERE.parent.parent}", JOB_PY, "-m", "lark.job.wrapper", JOB_PY, "-c", code],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().split() == ["2", "1"]     # the program, a child of the wrapper as init
+        p.send_signal(signal.SIGTERM)                        # the starter forwards it to the job's pid
+        _, err = p.communicate(timeout=60)                   # the program sleeps 300 s unless it got it
+    finally:
+        if p.poll() is None:
+            # SIGKILL to the wrapper, the namespace's init, ends every process in it; then the starter.
+            with open(f"/proc/{p.pid}/task/{p.pid}/children") as f:
+                for pid in f.read().split():
+                    os.kill(int(pid), signal.SIGKILL)
+            p.kill()
+            p.wait(10)
+    # The program died of SIGTERM; the wrapper, as init, cannot die of a signal its handler left at the default
+    # (the kernel ignores it), so it exits 128 + 15 (under HTCondor condor_pid_ns_init is that program and reports
+    # the job's own status to the starter through its status file).
+    assert "pidns-starter: job exited 143" in err, err
+    assert asked == ["setup", "push"], asked                 # networked first, the barrier's push at the end
