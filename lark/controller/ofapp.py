@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from os_ken.base import app_manager
 from os_ken.controller import ofp_event
@@ -20,7 +20,7 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_3
 
 from ..errors import LarkError
-from . import certs, hairpin
+from . import certs, hairpin, ofwire
 from .config import ControllerConfig
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
@@ -37,6 +37,7 @@ CONFIG: ControllerConfig | None = None
 REGISTRY: Registry | None = None
 INSTANCE: LarkSwitchApp | None = None
 ALL_COOKIES = 0xFFFFFFFFFFFFFFFF
+BATCH_WRITE = 512   # flow mods per write to the switch's connection (a job has at most a handful)
 # Reconciliation leaves a job cookie it does not know alone until its flows are this old (or reconcile_grace, if
 # shorter): another controller of the pool may have installed it for a registration still on its way here.
 STALE_AGE = 10.0
@@ -46,6 +47,14 @@ STALE_AGE = 10.0
 class _Waiter:
     done: threading.Event = field(default_factory=threading.Event)
     replies: list = field(default_factory=list)
+
+
+@dataclass
+class _BarrierGroup:
+    """Batches acknowledged by one barrier (LarkSwitchApp._acknowledged); barrier None until it is sent."""
+    barrier: Any = None
+    waiter: _Waiter | None = None
+    sent: float = 0.0
 
 
 def make_limits(app: LarkSwitchApp, plan: WanPlan) -> WanMeters | WanQueues:
@@ -182,13 +191,21 @@ class LarkSwitchApp(app_manager.OSKenApp):
         return msg.xid
 
     def _request(self, dp, msg, timeout: float) -> list:
+        return self._wait(dp, msg, self._expect(dp, msg), timeout)
+
+    def _expect(self, dp, msg) -> _Waiter:
+        """Send a request whose reply _wait then waits for."""
         with self._xid_lock:
             dp.set_xid(msg)
         w = self._waiters[(dp.id, msg.xid)] = _Waiter()
+        dp.send_msg(msg)
+        return w
+
+    def _wait(self, dp, msg, w: _Waiter, timeout: float) -> list:
         try:
-            dp.send_msg(msg)
             if not w.done.wait(timeout):
-                raise SwitchError(f"switch {dp.id:016x} did not answer {type(msg).__name__} within {timeout} s")
+                raise SwitchError(f"switch {dp.id:016x} did not answer {type(msg).__name__} within "
+                                  f"{self.cfg.barrier_timeout if timeout < self.cfg.barrier_timeout else timeout} s")
             return w.replies
         finally:
             self._waiters.pop((dp.id, msg.xid), None)
@@ -207,46 +224,49 @@ class LarkSwitchApp(app_manager.OSKenApp):
             match["in_port"] = port
         return match
 
-    def _mod(self, sw: Switch, cookie: int, f: Flow):
+    def _mod(self, sw: Switch, cookie: int, f: Flow) -> ofwire.FlowMod | None:
+        """The flow as an OFPFC_ADD flow mod for this switch (packed by lark.controller.ofwire: os-ken's OFPMatch
+        costs ~50 us a flow); None when the switch lacks a port the flow names."""
         dp = sw.dp
-        p, o = dp.ofproto_parser, dp.ofproto
+        o = dp.ofproto
         match = self._match(sw, f)
         if match is None:
             return None
         kind = f.action[0]
         if kind == "drop":
-            inst = []
+            inst = b""
         elif kind == "goto":
             _, table, md, mask = f.action
-            inst = ([p.OFPInstructionWriteMetadata(md, mask)] if mask else []) + [p.OFPInstructionGotoTable(table)]
+            inst = (ofwire.write_metadata(md, mask) if mask else b"") + ofwire.goto_table(table)
         elif kind == "normal":
-            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
+            inst = ofwire.apply_actions(ofwire.output(o.OFPP_NORMAL))
         elif kind in LIMIT_ACTIONS:   # WAN group limit (lark.controller.wan): meter or queue, then NORMAL or a port
             out = o.OFPP_NORMAL if kind.endswith("_normal") else sw.ports.get(f.action[2])
             if out is None:
                 log.warning("switch %016x has no port %r: %s not installed there", dp.id, f.action[2], f.describe())
                 return None
             if kind.startswith("meter"):
-                inst = [p.OFPInstructionMeter(f.action[1], o.OFPIT_METER),
-                        p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(out)])]
+                inst = ofwire.meter(f.action[1]) + ofwire.apply_actions(ofwire.output(out))
             else:
-                inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionSetQueue(f.action[1]),
-                                                                        p.OFPActionOutput(out)])]
+                inst = ofwire.apply_actions(ofwire.set_queue(f.action[1]), ofwire.output(out))
         elif kind == "in_port":          # same-EP hairpin (lark.controller.hairpin)
-            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_IN_PORT)])]
+            inst = ofwire.apply_actions(ofwire.output(o.OFPP_IN_PORT))
         elif kind == "in_port_normal":
-            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_IN_PORT),
-                                                                    p.OFPActionOutput(o.OFPP_NORMAL)])]
+            inst = ofwire.apply_actions(ofwire.output(o.OFPP_IN_PORT), ofwire.output(o.OFPP_NORMAL))
         elif kind == "output":
             port = sw.ports.get(f.action[1])
             if port is None:
                 log.warning("switch %016x has no port %r: %s not installed there", dp.id, f.action[1], f.describe())
                 return None
-            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(port)])]
+            inst = ofwire.apply_actions(ofwire.output(port))
         else:
             raise ValueError(f"unknown action {f.action}")
-        return p.OFPFlowMod(dp, cookie=cookie, table_id=f.table, priority=f.priority, command=o.OFPFC_ADD,
-                            match=p.OFPMatch(**match), instructions=inst)
+        wire = ofwire.encode_match(match)
+        if wire is None:     # a field ofwire does not pack: os-ken's encoding
+            buf = bytearray()
+            dp.ofproto_parser.OFPMatch(**match).serialize(buf, 0)
+            wire = bytes(buf)
+        return ofwire.FlowMod(cookie, f.table, f.priority, wire, inst)
 
     def _delete(self, sw: Switch, cookie: int, mask: int = ALL_COOKIES):
         dp = sw.dp
@@ -256,24 +276,63 @@ class LarkSwitchApp(app_manager.OSKenApp):
 
     def _batch(self, sw: Switch, adds: list[tuple[int, Flow, str]], removes: list[int]) -> int:
         """Deletes (by cookie), then adds, then a barrier; returns the number of flows added. Raises SwitchError
-        naming the job when the switch refused a flow or did not acknowledge in time."""
+        naming the job when the switch refused a flow or did not acknowledge in time.
+
+        Batches are pipelined (issue 26 capacity): a batch's messages go out in order and in few writes (one TLS
+        record per BATCH_WRITE messages, not one per flow mod) under the switch's lock, and the barrier is waited
+        for outside it and shared by the batches sent meanwhile (_acknowledged), so concurrent registrations do not
+        queue behind each other's round trips. The switch answers a barrier only after every message sent before
+        it, so a batch's errors are in by then."""
         dp = sw.dp
+        sent: dict[int, str] = {}
+        msgs = [self._delete(sw, cookie) for cookie in removes]
+        for cookie, f, who in adds:
+            mod = self._mod(sw, cookie, f)
+            if mod is not None:
+                msgs.append(mod)
+                sent[len(msgs) - 1] = who
         with sw.lock:
-            sent: dict[int, str] = {}
-            for cookie in removes:
-                self._send(dp, self._delete(sw, cookie))
-            n = 0
-            for cookie, f, who in adds:
-                mod = self._mod(sw, cookie, f)
-                if mod is not None:
-                    sent[self._send(dp, mod)] = who
-                    n += 1
-            self._request(dp, dp.ofproto_parser.OFPBarrierRequest(dp), self.cfg.barrier_timeout)
-            failed = [(who, self._errors.pop((dp.id, xid))) for xid, who in sent.items()
-                      if (dp.id, xid) in self._errors]
-            if failed:
-                raise SwitchError(f"switch {dp.id:016x} refused flows of " + "; ".join(f"{w}: {e}" for w, e in failed))
-            return n
+            xids = self._send_all(dp, msgs)
+            group = sw.pending = sw.pending or _BarrierGroup()
+        sent = {xids[i]: who for i, who in sent.items()}
+        self._acknowledged(sw, group)
+        failed = [(who, self._errors.pop((dp.id, xid))) for xid, who in sent.items() if (dp.id, xid) in self._errors]
+        if failed:
+            raise SwitchError(f"switch {dp.id:016x} refused flows of " + "; ".join(f"{w}: {e}" for w, e in failed))
+        return len(sent)
+
+    def _acknowledged(self, sw: Switch, group: _BarrierGroup) -> None:
+        """Wait until the switch acknowledged a barrier sent after this batch's messages. Group commit: one barrier
+        at a time is in flight per switch; batches sent meanwhile join the next group, whose first member to see
+        the one in flight answered sends the group's one barrier. (When the one in flight is not answered within
+        barrier_timeout, the next group sends its own anyway, so a batch waits at most twice that.)"""
+        dp, timeout = sw.dp, self.cfg.barrier_timeout
+        while True:
+            with sw.lock:
+                ahead = sw.inflight
+                if group.barrier is None and (ahead is None or ahead.waiter is None or ahead.waiter.done.is_set()
+                                              or time.monotonic() - ahead.sent >= timeout):
+                    group.barrier = dp.ofproto_parser.OFPBarrierRequest(dp)
+                    group.waiter = self._expect(dp, group.barrier)
+                    group.sent = time.monotonic()
+                    sw.inflight, sw.pending = group, None
+            if group.barrier is not None and group.waiter is not None:
+                self._wait(dp, group.barrier, group.waiter, max(0.0, group.sent + timeout - time.monotonic()))
+                return
+            if ahead is not None and ahead.waiter is not None:
+                ahead.waiter.done.wait(max(0.0, ahead.sent + timeout - time.monotonic()))
+
+    def _send_all(self, dp, msgs: list) -> list[int]:
+        """Send messages in order, BATCH_WRITE of them per write; their xids."""
+        with self._xid_lock:
+            for msg in msgs:
+                dp.set_xid(msg)
+        for i in range(0, len(msgs), BATCH_WRITE):
+            chunk = msgs[i:i + BATCH_WRITE]
+            for msg in chunk:
+                msg.serialize()
+            dp.send(b"".join(msg.buf for msg in chunk))
+        return [msg.xid for msg in msgs]
 
     def apply(self, install: list[Entry], remove: list[Entry]) -> dict:
         """Push a registry change to every connected switch and wait for each barrier."""

@@ -19,6 +19,9 @@ class Switch:
     connected: float = field(default_factory=time.time)
     ready: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)   # one batch at a time per switch
+    # group commit (ofapp LarkSwitchApp._acknowledged): the barrier in flight, and the group waiting to send the next
+    inflight: Any = None
+    pending: Any = None
 
     @property
     def ports(self) -> dict[str, int]:
