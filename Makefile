@@ -72,6 +72,7 @@ bench: deps
 	$(VPY) bench/e2e_latency.py
 	$(VPY) bench/scale128.py
 	flock /tmp/lark-testbed.lock $(VPY) bench/pool_true_jobs.py
+	flock /tmp/lark-testbed.lock $(VPY) bench/barrier.py
 	$(VPY) bench/bandwidth_accuracy.py
 	$(VPY) bench/paper_fig8.py
 	$(VPY) bench/report.py

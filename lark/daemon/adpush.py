@@ -19,6 +19,11 @@ barrier's before the periodic ones. htcondor2 (25.x) edits one attribute per cal
 `condor_qedit`, which sets many in one, always marks them dirty, and the schedd then sends them to the job's shadow,
 which writes NetworkInputMb/NetworkOutputMb (on its own update list) back later with what it merged, possibly
 an older value than larkd's last. So larkd edits through htcondor2 without that flag.
+
+htcondor2's `edit` and `act` hold the GIL for their whole exchange with the schedd (measured on the testbed's
+schedd: a spinning Python thread got 4 turns during 50 edits, 20 ms), so every edit in larkd's own process froze
+larkd: its event loop, other jobs' setups and exit barriers. larkd therefore talks to the schedds from a child
+process (`EditWorker`, `python -m lark.daemon.adpush --worker`), one JSON line per edit on a pipe (issue 27).
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ import concurrent.futures
 import itertools
 import logging
 import queue
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -78,6 +85,99 @@ def megabytes(n_bytes: int) -> str:
     return f"{n_bytes / 1_000_000:.6f}"
 
 
+class EditWorker:
+    """The schedd edits and holds of `htcondor_edit` / `htcondor_hold`, run in a child process so that htcondor2,
+    which keeps the GIL while it waits for the schedd, never stops larkd. One request at a time (a lock; the push
+    thread is the only caller in larkd). A worker that died is started again once per request; an error at the
+    schedd comes back as the exception's text (RuntimeError)."""
+
+    def __init__(self, argv: list[str] | None = None):
+        self.argv = argv or [sys.executable, "-m", "lark.daemon.adpush", "--worker"]
+        self.proc: subprocess.Popen | None = None
+        self.lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the child now (larkd does at start: it imports htcondor2 before the first job's end)."""
+        with self.lock:
+            self._ensure()
+
+    def _ensure(self) -> subprocess.Popen:
+        if self.proc is None or self.proc.poll() is not None:
+            self.proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        return self.proc
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.proc is not None:
+                if self.proc.stdin:
+                    self.proc.stdin.close()   # the worker ends at EOF
+                try:
+                    self.proc.wait(5)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+                self.proc = None
+
+    def call(self, op: str, **fields: Any) -> None:
+        from .. import protocol
+        request = protocol.encode({"op": op, **fields})
+        with self.lock:
+            line = b""
+            for _ in range(2):
+                proc = self._ensure()
+                assert proc.stdin is not None and proc.stdout is not None
+                try:
+                    proc.stdin.write(request)
+                    proc.stdin.flush()
+                    line = proc.stdout.readline()
+                except OSError:
+                    line = b""
+                if line:
+                    break
+                proc.kill()   # died (or its pipe broke) during this request: one fresh worker tries it again
+                proc.wait()
+                self.proc = None
+            if not line:
+                raise RuntimeError(f"larkd's schedd worker ({' '.join(self.argv)}) died twice on one {op}")
+            answer = protocol.loads(line)
+            if not isinstance(answer, dict) or not answer.get("ok"):
+                raise RuntimeError(answer.get("error", "no answer") if isinstance(answer, dict) else "bad answer")
+
+    def edit(self, schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:
+        self.call("edit", schedd=schedd_name, job=job_id, attrs=attrs)
+
+    def hold(self, schedd_name: str, job_id: str, reason: str) -> None:
+        self.call("hold", schedd=schedd_name, job=job_id, reason=reason)
+
+
+def serve(stdin: Any = None, stdout: Any = None) -> None:
+    """The worker's loop: one JSON request per line (`edit` or `hold`), one answer per line, until EOF."""
+    from .. import protocol
+    stdin = stdin or sys.stdin.buffer
+    stdout = stdout or sys.stdout.buffer
+    try:
+        import classad2  # noqa: F401 - imported now, not in the first job's exit barrier
+        import htcondor2  # noqa: F401
+    except ImportError:
+        pass  # each request then answers with the ImportError
+    for line in stdin:
+        try:
+            msg = protocol.loads(line)
+            if not isinstance(msg, dict):
+                raise ValueError("request is not a JSON object")
+            if msg.get("op") == "edit":
+                htcondor_edit(str(msg["schedd"]), str(msg["job"]), {str(k): str(v) for k, v in msg["attrs"].items()})
+            elif msg.get("op") == "hold":
+                htcondor_hold(str(msg["schedd"]), str(msg["job"]), str(msg["reason"]))
+            else:
+                raise ValueError(f"unknown request {msg.get('op')!r}")
+            answer: dict[str, object] = {"ok": True}
+        except Exception as e:
+            answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        stdout.write(protocol.encode(answer))
+        stdout.flush()
+
+
 @dataclass
 class Pending:
     schedd: str
@@ -91,8 +191,11 @@ class AdPusher:
                  hold: Callable[[str, str, str], None] | None = None, between: Callable[[], None] = lambda: None):
         self.retry_seconds = retry_seconds
         self.between = between  # run before each retried final push: urgent pushes (barriers) go first
-        self.edit = edit or htcondor_edit
-        self.hold_at = hold or htcondor_hold
+        # the schedd edits in a child process (EditWorker), started lazily or by larkd at start
+        worker = EditWorker() if edit is None or hold is None else None
+        self.worker = worker
+        self.edit = edit or (worker.edit if worker else htcondor_edit)
+        self.hold_at = hold or (worker.hold if worker else htcondor_hold)
         self.pending: dict[str, Pending] = {}   # key -> a final push not yet accepted
         # key -> (job id, the attributes its schedd holds from larkd): a push sends only what differs, and a final
         # push whose counters are these is not sent (after the exit barrier's push the job usually leaves the
@@ -280,3 +383,7 @@ class PushQueue(concurrent.futures.Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """The thread is a daemon that ends with larkd; queued edits are dropped with the process (the final
         figures stay in larkd's finished records)."""
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--worker"]:
+    serve()

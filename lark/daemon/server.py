@@ -106,6 +106,8 @@ class Larkd:
                 with open("/proc/sys/net/ipv6/conf/all/forwarding", "w") as f:
                     f.write("1")
         self.fw.ensure_base()
+        if self.pusher is not None and self.pusher.worker is not None:
+            self.pusher.worker.start()  # htcondor2 imported now, not during the first job's exit barrier
         self.uplink_mbit = machine_mbit(cfg)
         if cfg.metrics_address:
             self.metrics.serve(cfg.metrics_address)
