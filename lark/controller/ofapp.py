@@ -8,6 +8,8 @@ datapath id. Messages from any connection that is not a switch's accepted one ar
 from __future__ import annotations
 
 import logging
+import select
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -62,6 +64,39 @@ def make_limits(app: LarkSwitchApp, plan: WanPlan) -> WanMeters | WanQueues:
     if plan.mechanism == "queue":
         return WanQueues(app, plan)
     return WanMeters(app, plan)
+
+
+class OneAtATimeTLS:
+    """A switch's TLS connection used by one thread at a time. os-ken reads it in one thread and writes it in another
+    (native threads); OpenSSL forbids using one SSL object from two threads at once, and under load the connection
+    broke (bench/controller_capacity.py: the controller dropped the switch every ~15 s at 2,000 registrations/s over
+    TLS, never over plain TCP). The reader waits for data without the lock, then reads under it."""
+
+    def __init__(self, sock: ssl.SSLSocket):
+        self._sock = sock
+        self._lock = threading.Lock()
+
+    def recv(self, n: int) -> bytes:
+        while True:
+            if not self._sock.pending():
+                try:
+                    readable, _, _ = select.select([self._sock], [], [], self._sock.gettimeout())
+                except (ValueError, OSError):   # closed meanwhile: the end of the stream, as os-ken expects it
+                    return b""
+                if not readable:
+                    raise TimeoutError("no data from the switch")   # os-ken's read loop tries again
+            with self._lock:
+                try:
+                    return self._sock.recv(n)
+                except ssl.SSLWantReadError:
+                    continue
+
+    def sendall(self, data: bytes) -> None:
+        with self._lock:
+            self._sock.sendall(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
 
 
 class LarkSwitchApp(app_manager.OSKenApp):
@@ -126,6 +161,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
                             dp.address[0], dp.id, why, dp.id)
                 dp.close()
                 return
+            if isinstance(dp.socket, ssl.SSLSocket):
+                dp.socket = OneAtATimeTLS(dp.socket)
             sw = self.switches[dp.id] = Switch(dp)
             log.info("switch %016x connected from %s with ports %s", dp.id, dp.address, sorted(sw.ports))
             hub.spawn(self._switch_up, sw)
