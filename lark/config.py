@@ -61,6 +61,9 @@ class Config:
     # wrapper execs the job and the figures come from larkd's periodic and final pushes only). No barrier either
     # when larkd pushes to no schedd (ad_source files, or schedd_push_interval 0).
     exit_barrier_wait: float = 60.0
+    # The sshd larkd runs for a condor_ssh_to_job session in the job's network namespace, as the job's user (the
+    # starter's own configuration file; HTCondor's SSH_TO_JOB_SSHD names the same program for the starter).
+    ssh_sshd: str = "/usr/sbin/sshd"
     # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
     # management address: the figures name slots and running job ids.
     metrics_address: str = ""
@@ -207,6 +210,9 @@ class Config:
                 raise bad(key, f"{getattr(self, key)!r} is out of 1-1000", "use a small number such as 8")
         if self.schedd_push_interval < 0 or self.schedd_push_retry < 0:
             raise bad("schedd_push_interval", "must not be negative", "use seconds, e.g. 60; 0 turns pushing off")
+        if not os.path.isabs(self.ssh_sshd):
+            raise bad("ssh_sshd", f"{self.ssh_sshd!r} is not an absolute path",
+                      "name the sshd program, e.g. /usr/sbin/sshd (what SSH_TO_JOB_SSHD names)")
         if not 0 <= self.exit_barrier_wait <= 3600:
             raise bad("exit_barrier_wait", f"{self.exit_barrier_wait!r} is out of 0-3600",
                       "use seconds, e.g. 60 (longer than condor_master takes to restart larkd); 0 turns it off")

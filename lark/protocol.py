@@ -1,4 +1,5 @@
-"""The larkd wire protocol: one JSON object per line, one request and one answer per connection.
+"""The larkd wire protocol: one JSON object per line, one request and one answer per connection (ssh_session:
+two answers).
 
 Every job's wrapper speaks it before its job can start, so this module uses the standard library's C JSON codec
 (`_json`, what the `json` package itself runs) directly: importing `json` pulls in `re` and `enum`, ~10 ms of
@@ -59,7 +60,8 @@ def loads(data: bytes | str) -> object:
         raise ValueError("extra data after the JSON document")
     return obj
 
-OPS = {"ping", "check", "setup", "release", "stats", "push", "status", "gc", "totals", "verify"}
+# ssh_session answers twice on its connection (started, then the exit code): daemon/ssh_session.py.
+OPS = {"ping", "check", "setup", "release", "stats", "push", "status", "gc", "totals", "verify", "ssh_session"}
 
 
 def encode(msg: dict) -> bytes:

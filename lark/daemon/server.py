@@ -24,7 +24,7 @@ from ..plan import NetworkPlan
 from ..policy.adsource import make_ad_source
 from ..policy.engine import decide
 from ..policy.startd import JobIdentity
-from . import peercred
+from . import peercred, ssh_session
 from .admission import Admission, LogLimit, RateLimit
 from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
 from .jobnet import JobNetworker
@@ -73,6 +73,7 @@ class Larkd:
         self.active: set[str] = set()          # keys with a live job or a setup in flight
         self.slot_locks: dict[str, asyncio.Lock] = {}
         self.watches: dict[str, int] = {}      # key -> pidfd of the starter
+        self.session_netns: dict[str, int] = {}  # key -> netns inode of a job that had ssh sessions
         self.checked: dict[str, tuple] = {}    # key -> (starter pid, start, when, plan) from PREPARE_JOB's check
         self.connections = 0
         self.tasks: set[asyncio.Task] = set()  # background releases: referenced until done, errors logged
@@ -204,6 +205,12 @@ class Larkd:
                 raise
             finally:
                 self.active.discard(key)
+            session_ns = self.session_netns.pop(key, None) if final else None
+            if session_ns is not None:
+                killed = await self.loop.run_in_executor(self.pool, ssh_session.kill_leftovers, session_ns)
+                if killed:
+                    log.warning("job on %s ended: killed %d process(es) its ssh sessions left in its network "
+                                "namespace: %s", key, len(killed), killed)
             if pin is not None:
                 if final:
                     if not had_network and pin.carried and pin.job_id:
@@ -306,7 +313,7 @@ class Larkd:
                 return
             try:
                 msg = protocol.parse_request(line)
-                answer = await self.dispatch(msg, who)
+                answer = await self.dispatch(msg, who, reader, writer)
             except LarkError as e:
                 self._log_refusal(who, "refused %s from pid %d uid %d: %s", line[:40], who.pid, who.uid, e)
                 self.metrics.failed(getattr(e, "metric_reason", "refused"))
@@ -351,7 +358,8 @@ class Larkd:
             return None
         return starter.pid if starter else None
 
-    async def dispatch(self, msg: dict, who: peercred.Peer) -> bytes:
+    async def dispatch(self, msg: dict, who: peercred.Peer, reader: asyncio.StreamReader | None = None,
+                       writer: asyncio.StreamWriter | None = None) -> bytes:
         op = msg["op"]
         if op == "ping":
             return protocol.ok(version=__version__, protocol=PROTOCOL_VERSION, firewall=self.fw.name)
@@ -381,6 +389,8 @@ class Larkd:
             return protocol.ok(**self.stats(key))
         if op == "push":
             return await self.op_push(who, barrier=msg.get("barrier") is True)
+        if op == "ssh_session" and reader is not None and writer is not None:
+            return await self.op_ssh_session(who, msg.get("argv"), reader, writer)
         if op == "totals":
             # Anyone may ask (the startd's cron runs as the condor user): node-wide sums only, no job named.
             return protocol.ok(**node_totals(self.records, self.acct, self.uplink_mbit))
@@ -395,6 +405,66 @@ class Larkd:
         if op == "verify":
             return protocol.ok(**await self.op_verify())
         raise LarkError(f"operation {op} not handled", obj="protocol")
+
+    async def op_ssh_session(self, who: peercred.Peer, argv: object, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> bytes:
+        """condor_ssh_to_job's sshd, asked for by its wrapper, run in the job's own namespace (ssh_session.py).
+        Two answers: `started` once the sshd runs (the wrapper then lets go of its copies of the session's
+        descriptors), then its `exit_code`. The connection stays open for the session; closing it ends the sshd."""
+        command = ssh_session.session_command(argv)
+        if who.uid == 0:
+            raise LarkError("ssh_session runs sessions as the job's user, not root", obj=f"pid {who.pid}",
+                            fix="only condor_ssh_to_job's sshd, started by the starter as the job's user, asks")
+        starter = peercred.starter_of(who, self.cfg.starter_paths)
+        if starter is None:
+            raise LarkError("only a process of a job may open a session in its network", obj=f"pid {who.pid} "
+                            f"uid {who.uid}", fix="use condor_ssh_to_job")
+        key = job_key(starter.slot)
+        rec = self.records.load(key)
+        if rec is None or rec.phase != "ready" or (rec.starter_pid, rec.starter_start) != (starter.pid,
+                                                                                            starter.start):
+            raise LarkError("this slot's job has no network (yet)", obj=f"slot {starter.slot}",
+                            fix="the session runs without a network; retry once the job runs")
+        path = self.net.netns_path(key)
+        if os.stat(path).st_ino != rec.netns_inode:
+            raise LarkError("the job's network namespace is no longer the one larkd built", job=rec.job_id,
+                            obj=path, fix="lark status --verify; the job's network has drifted")
+        pidfd = who.pidfd if who.pidfd is not None else os.pidfd_open(who.pid)
+        try:
+            peercred.still_same_process(who)   # the pidfd (or pid) is the requester's, not a reused pid's
+            fds = ssh_session.take_fds(pidfd)
+            env, cwd = ssh_session.environment_of(who.pid), os.readlink(f"/proc/{who.pid}/cwd")
+        finally:
+            if pidfd != who.pidfd:
+                os.close(pidfd)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command.argv(self.cfg.ssh_sshd, path, who.uid, who.gid), stdin=fds[0], stdout=fds[1],
+                stderr=fds[2], env=env, cwd=cwd, start_new_session=True)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.session_netns[key] = rec.netns_inode   # its leftovers go when the job ends (release)
+        log.info("ssh session of job %s on %s: sshd pid %d in its network namespace", rec.job_id, starter.slot,
+                 proc.pid)
+        writer.write(protocol.ok(started=True, pid=proc.pid))
+        await writer.drain()
+        ended = asyncio.ensure_future(proc.wait())
+        gone = asyncio.ensure_future(reader.read())   # b"" once the wrapper closed or died
+        await asyncio.wait({ended, gone}, return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
+        if not ended.done():    # the starter killed the wrapper: the session (its process group) is over
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(asyncio.shield(ended), 5)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await ended
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)     # what the session's program left in its group
+        return protocol.ok(exit_code=proc.returncode)
 
     async def op_verify(self) -> dict:
         """`lark status --verify`: every ready job's kernel objects against its record, read-only; each slot under

@@ -159,7 +159,7 @@ def barrier(wait: float) -> None:
 def is_ssh_to_job_sshd(argv: list[str]) -> bool:
     """The starter runs condor_ssh_to_job's sshd through USER_JOB_WRAPPER too, in a fresh empty netns of its own
     (NO_JOB_NETWORKING applies to every process it starts), as `sshd -i -e -f <scratch>/.condor_ssh_to_job_N/...`."""
-    return (os.path.basename(argv[0]) == "sshd" and argv[1:3] == ["-i", "-e"] and len(argv) >= 5
+    return (os.path.basename(argv[0]) == "sshd" and argv[1:3] == ["-i", "-e"] and len(argv) == 5
             and argv[3] == "-f" and "/.condor_ssh_to_job_" in argv[4])
 
 
@@ -169,9 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: lark-job-wrapper PROGRAM [ARGS...]", file=sys.stderr)
         return 2
     if is_ssh_to_job_sshd(argv):
-        # larkd gives a job one network, in the namespace of its program; this sshd sits in another, empty one.
-        # It runs there, without a network: the session never sees the host's network (nor, yet, the job's).
-        # A job that names sshd as its own program this way only gets no network. docs/design.md, "File transfer".
+        # This sshd sits in a namespace of its own, empty: larkd runs it in the job's (ssh_session.py). When larkd
+        # will not (no network for the job yet, larkd away), it runs here, without a network: the session never
+        # sees the host's network. A job that names sshd as its own program this way gets no network.
+        from .ssh_session import run_in_job_network
+        code = run_in_job_network(argv)
+        if code is not None:
+            return code
         try:
             exec_job(argv)
         except OSError as e:

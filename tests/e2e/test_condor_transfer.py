@@ -165,11 +165,11 @@ def starter_hit_pipe_defect(before: dict) -> bool:
     return False
 
 
-def test_condor_ssh_to_job_never_lands_in_the_hosts_network(pool):
-    """The starter runs the session's sshd in a fresh empty netns of its own (NO_JOB_NETWORKING) and through
-    Lark's wrapper, which lets it run there without a network: the session sees neither the host's uplink nor
-    its addresses, and the job it visits keeps running and finishes. (Landing in the job's own netns needs
-    larkd to start the sshd there: docs/design.md, "File transfer".)
+def test_condor_ssh_to_job_lands_in_the_jobs_own_network(pool):
+    """The starter runs the session's sshd in a fresh empty netns of its own (NO_JOB_NETWORKING) through Lark's
+    wrapper, which has larkd run it in the job's namespace instead (lark/daemon/ssh_session.py): the session sees
+    the job's interfaces and never the host's uplink, runs as the job's user, and the job it visits keeps running
+    and finishes.
     The job runs until the test puts a file in its scratch directory (at most 4 minutes), not for a fixed time: on
     a loaded machine a fixed 25 s ran out while the session was still connecting ("Connection closed").
     HTCondor's own defect (STARTER_PIPE_DEFECT) can kill the starter as it starts the sshd; the job then starts
@@ -182,7 +182,7 @@ def test_condor_ssh_to_job_never_lands_in_the_hosts_network(pool):
         wait_queue(c, ["JobStatus"], lambda r: r[0] == "2", timeout=180)
         before = starter_log_sizes()
         cp = as_user(["condor_ssh_to_job", "-auto-retry", str(c),
-                      "cat /proc/net/dev; echo NETNS $(readlink /proc/self/ns/net)"])
+                      "cat /proc/net/dev; echo NETNS $(readlink /proc/self/ns/net); echo UID $(id -u)"])
         if cp.returncode == 0 or not starter_hit_pipe_defect(before):
             break
         defect_hits += 1
@@ -191,15 +191,19 @@ def test_condor_ssh_to_job_never_lands_in_the_hosts_network(pool):
         while time.time() < deadline and starts(c).get(0, []).count("execute") < 1 + defect_hits:
             time.sleep(2)
     assert cp.returncode == 0, cp.stderr
-    devices = {line.split(":")[0].strip() for line in cp.stdout.splitlines()
-               if ":" in line and "|" not in line and not line.startswith("NETNS")}
-    assert devices <= {"lo", "ifb0", "ifb1"}, cp.stdout     # no up0 (the host's uplink), no veth of the host
+    session_devices = {line.split(":")[0].strip() for line in cp.stdout.splitlines()
+                       if ":" in line and "|" not in line and not line.startswith(("NETNS", "UID"))}
     # the job's shell ("[e] stop" does not match the command line of the sh that runs pgrep)
-    job_ns = as_root(["sh", "-c", "readlink /proc/$(pgrep -n -f '[e] stop')/ns/net"]).stdout.strip()
+    job_pid = as_root(["pgrep", "-n", "-f", "[e] stop"]).stdout.strip()
+    job_ns = as_root(["readlink", f"/proc/{job_pid}/ns/net"]).stdout.strip()
+    job_dev = as_root(["cat", f"/proc/{job_pid}/net/dev"]).stdout
+    job_devices = {line.split(":")[0].strip() for line in job_dev.splitlines() if ":" in line and "|" not in line}
     host_ns = as_root(["readlink", "/proc/self/ns/net"]).stdout.strip()
-    session_ns = cp.stdout.split("NETNS", 1)[1].strip()
-    assert job_ns.startswith("net:"), job_ns
-    assert session_ns != host_ns and job_ns != host_ns, (session_ns, job_ns, host_ns)
+    session_ns = cp.stdout.split("NETNS", 1)[1].split()[0].strip()
+    assert job_ns.startswith("net:") and job_ns != host_ns, (job_ns, host_ns)
+    assert session_ns == job_ns, (session_ns, job_ns)
+    assert session_devices == job_devices and "up0" not in session_devices, (session_devices, job_devices)
+    assert cp.stdout.split("UID", 1)[1].split()[0] == as_root(["id", "-u", "alice"]).stdout.strip(), cp.stdout
     where = eventlog.last_execute(SUBMITTED[c] / "log.txt", f"{c}.0")
     assert where is not None and where.scratch, "the job's execute event names no scratch directory"
     (testbed.ROOT / where.scratch.lstrip("/") / "stop").touch()

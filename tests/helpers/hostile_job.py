@@ -10,6 +10,9 @@ usage: hostile_job.py STEP [STEP ...]; each step prints one JSON line:
   iperf3 HOST PORT SECONDS up|down   goodput as iperf3 sees it (bit/s)
   touch PATH            create PATH (tells the test the job got here)
   wait-file PATH        wait (up to 60 s) until PATH exists: the test acts in between
+  netns                 this process's network namespace (readlink /proc/self/ns/net)
+  ssh-session CONFIG    ask larkd for a condor_ssh_to_job session (`sshd -i -e -f CONFIG`) in this job's network;
+                        report both answers (the session's program writes to this job's stdout)
 """
 import json
 import os
@@ -28,6 +31,17 @@ def ask(op: str) -> dict:
         return call(op)
     except LarkError as e:
         return {"ok": False, "error": str(e)}
+
+
+def ssh_session(config: str) -> dict:
+    import socket
+    from lark.job.client import socket_path
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(socket_path())
+    s.sendall(json.dumps({"lark": 1, "op": "ssh_session", "argv": ["/usr/sbin/sshd", "-i", "-e", "-f", config]})
+              .encode() + b"\n")
+    answers = [json.loads(line) for line in s.makefile("rb")]
+    return {"answers": answers}
 
 
 def run(argv: list[str]) -> dict:
@@ -60,6 +74,10 @@ def main() -> None:
                    "error": report.get("error") or cp.stderr[-300:]}
         elif step == "qdisc":
             out = run(["tc", "qdisc", "show", "dev", "eth0"])
+        elif step == "netns":
+            out = {"netns": os.readlink("/proc/self/ns/net")}
+        elif step == "ssh-session":
+            out = ssh_session(args.pop(0))
         elif step == "touch":
             open(args.pop(0), "w").close()
             out = {}

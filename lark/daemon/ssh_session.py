@@ -1,0 +1,122 @@
+"""condor_ssh_to_job sessions in the job's own network namespace (issue 22).
+
+The starter runs the session's `sshd -i` through USER_JOB_WRAPPER, in a fresh empty network namespace of its own
+(NO_JOB_NETWORKING applies to every process it starts). The wrapper, running as the job's user, cannot enter the
+job's namespace (that takes CAP_SYS_ADMIN over it), so it asks larkd (`ssh_session`). larkd takes the wrapper's
+standard descriptors (the session's connection, the sshd log) with pidfd_getfd(2), starts the same sshd in the
+job's namespace as the wrapper's own uid and groups with no capabilities (nsenter, then setpriv), answers once it
+runs and again when it ends, and ends it when the wrapper goes (the starter ends a session by killing it).
+
+What this gives a job: it could already run any program as its user in its own namespace; larkd runs nothing as
+another uid, with any capability, or in any other namespace. The session is not in the job's cgroup (HTCondor's
+own sshd is not in the job's network either): its CPU and memory are not the job's, and the starter does not
+track its processes. So larkd ends the session's process group with the session, and when the job ends, every
+process still in the job's namespace (what a session left running, e.g. `nohup`) is killed.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+from dataclasses import dataclass
+
+from ..errors import LarkError
+
+SYS_PIDFD_GETFD = 438           # the same number on every architecture (Linux >= 5.6)
+SESSION_DIR = "/.condor_ssh_to_job_"
+STANDARD_FDS = (0, 1, 2)
+MAX_ENV_BYTES = 1 << 20
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@dataclass(frozen=True)
+class SessionCommand:
+    """The sshd the starter asked for, checked: only its configuration file comes from the request."""
+    config: str
+
+    def argv(self, sshd: str, netns_path: str, uid: int, gid: int) -> list[str]:
+        nsenter, setpriv = shutil.which("nsenter"), shutil.which("setpriv")
+        if not nsenter or not setpriv:
+            raise LarkError("nsenter or setpriv not found", obj="util-linux",
+                            fix="install util-linux on the execution point")
+        # nsenter (root) joins the job's network namespace only; setpriv becomes the wrapper's user with its
+        # groups, keeps no capability (not even in the bounding set) and sets no_new_privs, then runs sshd; the
+        # parent-death signal ends the sshd with larkd (the wrapper has let go of the session by then).
+        return [nsenter, f"--net={netns_path}", "--", setpriv, f"--reuid={uid}", f"--regid={gid}", "--init-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig", "KILL", "--", sshd,
+                "-i", "-e", "-f", self.config]
+
+
+def session_command(argv: object) -> SessionCommand:
+    """The request's argv must be the starter's sshd for condor_ssh_to_job (`sshd -i -e -f
+    <scratch>/.condor_ssh_to_job_N/sshd_config`); the program larkd runs is always this host's (`ssh_sshd`)."""
+    if not (isinstance(argv, list) and len(argv) == 5 and all(isinstance(a, str) for a in argv)):
+        raise LarkError("ssh_session needs the sshd command line the starter ran (5 strings)", obj="argv")
+    prog, i, e, f, config = argv
+    if os.path.basename(prog) != "sshd" or [i, e, f] != ["-i", "-e", "-f"]:
+        raise LarkError("ssh_session runs only condor_ssh_to_job's sshd (sshd -i -e -f CONFIG)",
+                        obj=f"argv {' '.join(argv)[:120]}")
+    if not os.path.isabs(config) or SESSION_DIR not in config or "\0" in config or "/../" in config:
+        raise LarkError("the sshd configuration must be the starter's, in the job's scratch directory "
+                        f"(.../{SESSION_DIR.strip('/')}N/sshd_config)", obj=f"config {config[:120]}")
+    return SessionCommand(config)
+
+
+def take_fds(pidfd: int, fds: tuple[int, ...] = STANDARD_FDS) -> list[int]:
+    """Duplicates of another process's descriptors (pidfd_getfd(2): root may, ptrace rules), close-on-exec."""
+    taken: list[int] = []
+    try:
+        for fd in fds:
+            new = _libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
+            if new < 0:
+                err = ctypes.get_errno()
+                raise LarkError(f"cannot take descriptor {fd} of the requesting process: {os.strerror(err)}",
+                                obj="pidfd_getfd", fix="the wrapper must keep its standard descriptors open")
+            taken.append(new)
+    except BaseException:
+        for fd in taken:
+            os.close(fd)
+        raise
+    return taken
+
+
+def environment_of(pid: int) -> dict[str, str]:
+    """The environment the process was started with (the starter's for the session), as the sshd's."""
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        raw = f.read(MAX_ENV_BYTES)
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep and name:
+            env[name.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def processes_in_netns(netns_inode: int) -> list[int]:
+    """Every process whose network namespace is this one (/proc/<pid>/ns/net)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry.name}/ns/net").st_ino == netns_inode:
+                found.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def kill_leftovers(netns_inode: int) -> list[int]:
+    """SIGKILL what is still in a finished job's namespace after ssh sessions ran there; the pids it signalled."""
+    killed = []
+    for pid in processes_in_netns(netns_inode):
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
