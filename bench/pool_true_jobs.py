@@ -165,12 +165,22 @@ def parse_start_log(text: str) -> dict[str, tuple[float, float | None]]:
     return out
 
 
-_BARRIER = re.compile(r"exit barrier of job (\d+\.\d+): (?:not )?pushed in ([0-9.]+) ms")
+_BARRIER = re.compile(r"exit barrier of job (\d+\.\d+): (?:not )?pushed in ([0-9.]+) ms(?: \(([^)]*)\))?")
 
 
 def parse_barriers(text: str) -> dict[str, float]:
     """Job id -> ms larkd took to serve its exit barrier (request -> answer), from a LarkdLog."""
     return {m.group(1): float(m.group(2)) for m in _BARRIER.finditer(text)}
+
+
+def barrier_parts(text: str) -> dict[str, list[float]]:
+    """The parts larkd's barrier line names (`peer 0.4 ms, counters 1.0 ms, ...`): part -> ms, one per job."""
+    parts: dict[str, list[float]] = {}
+    for m in _BARRIER.finditer(text):
+        for part in (m.group(3) or "").split(", "):
+            if (p := re.fullmatch(r"(.+) ([0-9.]+) ms", part)):
+                parts.setdefault(p.group(1), []).append(float(p.group(2)))
+    return parts
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -199,6 +209,7 @@ class Half:
     ad_start_s: list[float]
     steps: dict[str, float] = field(default_factory=dict)
     barrier_ms: list[float] = field(default_factory=list)   # larkd's side of each job's exit barrier (lark half)
+    barrier_parts: dict[str, list[float]] = field(default_factory=dict)   # its parts, as larkd's log names them
 
     def row(self) -> list[str]:
         ad = f"{sum(self.ad_start_s) / len(self.ad_start_s):.2f}" if self.ad_start_s else "-"
@@ -332,13 +343,15 @@ def _wait_unclaimed(pool, timeout: float = 120) -> None:
     raise RuntimeError(f"pool slots not all Unclaimed after {timeout:.0f} s: {seen!r}")
 
 
-def _read_barriers(pool) -> dict[str, float]:
+def _read_barriers(pool) -> tuple[dict[str, float], str]:
     out: dict[str, float] = {}
+    text = ""
     for ep in pool.EPS:
         f = pool.root_of(ep) / "var/log/condor/LarkdLog"
         if f.exists():
-            out.update(parse_barriers(f.read_text(errors="replace")))
-    return out
+            text += f.read_text(errors="replace")
+    out.update(parse_barriers(text))
+    return out, text
 
 
 def _read_logs(pool) -> tuple[dict[str, StarterRun], dict[str, tuple[float, float | None]]]:
@@ -414,11 +427,12 @@ def run_half(pool, name: str) -> Half:
     start_ms, slot_ms = measure(starters, slots, jobs, want_lark=(name == "lark"))
     ad_s = [s for a in ads if (s := job_ad_start_s(a)) is not None]
     log.info("%s: cluster %d, %d jobs in %.1f s", name, cluster, N_JOBS, wall)
-    barriers = _read_barriers(pool)
+    barriers, larkd_log = _read_barriers(pool)
     barrier_ms = [barriers[j] for j in jobs if j in barriers]
     if name == "lark" and len(barrier_ms) != N_JOBS:
         log.warning("lark: %d of %d jobs have an exit barrier line in the EPs' LarkdLog", len(barrier_ms), N_JOBS)
-    return Half(name, wall, start_ms, slot_ms, ad_s, breakdown(starters, slots, jobs), barrier_ms)
+    return Half(name, wall, start_ms, slot_ms, ad_s, breakdown(starters, slots, jobs), barrier_ms,
+                barrier_parts(larkd_log) if name == "lark" else {})
 
 
 def main() -> int:
@@ -456,6 +470,8 @@ def main() -> int:
         b = lark.barrier_ms
         print(f"exit barrier (larkd's LarkdLog, {len(b)} jobs): p50 {percentile(b, 50):.1f} ms, "
               f"p99 {percentile(b, 99):.1f} ms, max {max(b):.1f} ms")
+        for part, ms in lark.barrier_parts.items():
+            print(f"  of which {part}: p50 {percentile(ms, 50):.1f} ms, p99 {percentile(ms, 99):.1f} ms")
     print()
     print(goals.table(issue27_goals(lark, plain), "issue 27 goals, pool testbed"))
     print()

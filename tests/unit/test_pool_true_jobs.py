@@ -188,3 +188,11 @@ def test_barriers_come_from_larkds_log_and_every_goal_is_met_or_missed():
     assert [row.split()[-1] for row in table.splitlines()[1:]] == ["missed", "met", "met", "met", "met"]
     lark.barrier_ms = []
     assert "barrier_p50_ms" in bench.final_line(lark, plain).split("missed=")[1]
+
+
+def test_the_barriers_parts_are_read_by_name():
+    text = ("x: exit barrier of job 1.0: pushed in 9.0 ms (peer 0.5 ms, counters 1.0 ms, push thread busy 2.5 ms, "
+            "schedd 5.0 ms)\nx: exit barrier of job 2.0: pushed in 3.0 ms (counters 1.0 ms, schedd 2.0 ms)\n")
+    assert bench.parse_barriers(text) == {"1.0": 9.0, "2.0": 3.0}
+    assert bench.barrier_parts(text) == {"peer": [0.5], "counters": [1.0, 1.0], "push thread busy": [2.5],
+                                         "schedd": [5.0, 2.0]}
