@@ -34,11 +34,13 @@ BUILD_STAMP = ROOT / ".lark-testbed-built"
 MIRROR = os.environ.get("LARK_TESTBED_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ["condor", "minicondor", "nftables", "iproute2", "util-linux", "procps", "python3-venv", "python3-pip",
             "iptables", "ca-certificates", "openvswitch-switch", "dnsmasq-base", "openssh-server",
-            "openssh-client"]
+            "openssh-client", "apptainer", "busybox-static"]
 # Added after the first release of the testbed: a cached root without them gets them on its next build().
 LATER_PACKAGES = {"usr/bin/ovs-vsctl": "openvswitch-switch", "usr/sbin/dnsmasq": "dnsmasq-base",
                   "usr/sbin/sshd": "openssh-server", "usr/bin/ssh": "openssh-client",  # condor_ssh_to_job
-                  "usr/bin/gcc": "gcc", "usr/include/stdio.h": "libc6-dev"}  # lark install-hook compiles
+                  "usr/bin/gcc": "gcc", "usr/include/stdio.h": "libc6-dev",  # lark install-hook compiles
+                  # Container jobs (tests/e2e/test_condor_apptainer.py): apptainer, and busybox for its test image
+                  "usr/bin/apptainer": "apptainer", "usr/bin/busybox": "busybox-static"}
 APT = ["apt-get", "-o", "Acquire::Check-Valid-Until=false", "-o", "APT::Sandbox::User=root"]
 HOST_NS, WORLD_NS = "lark-tb-host", "lark-tb-world"
 HOST_IP, WORLD_IP = "198.51.100.2", "198.51.100.1"
@@ -72,6 +74,21 @@ def in_root(argv: list[str], user: str | None = None) -> list[str]:
         pre += [f"HOME=/home/{user}", f"USER={user}"]
         return in_host(["chroot", f"--userspec={user}:{user}", str(ROOT), *pre, *argv])
     return in_host(["chroot", str(ROOT), *pre, "HOME=/root", *argv])
+
+
+def in_own_root(argv: list[str]) -> list[str]:
+    """A command run as in_root, but in a mount namespace of its own whose root *is* ROOT (pivot_root, as unshare
+    and systemd-nspawn do), not a chroot: the kernel refuses user namespaces to a chrooted process (EPERM), and
+    Apptainer's unprivileged mode (Debian ships no setuid starter) needs them. ROOT/run/netns is a shared mount
+    (start()), so the netns names larkd makes inside are seen from the host as before."""
+    pre = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "LANG=C.UTF-8", "HOME=/root"]
+    script = ('root=$0; inner=$1; shift; cd "$root" && mkdir -p .oldroot && pivot_root . .oldroot && '
+              'exec /bin/sh -c "$inner" sh "$@"')
+    # The old root's mounts are copies of the host's, some shared (/run/netns): made slaves first, so that
+    # unmounting them here does not unmount the host's own (every `ip netns` name on the machine).
+    inner = 'mount --make-rslave /.oldroot && umount -l /.oldroot && rmdir /.oldroot && cd / && exec "$@"'
+    return in_host(["unshare", "--mount", "--propagation", "unchanged", "sh", "-c", script, str(ROOT), inner,
+                    *pre, *argv])
 
 
 def prepare(who: str) -> None:
@@ -304,6 +321,15 @@ def start() -> None:
     make_ep_namespaces(HOST_NS, WORLD_NS)
     state = {"mounts": []}
     save_state(state)
+    # ROOT as a mount point of its own, for condor_master to pivot into (in_own_root; pivot_root refuses a shared
+    # one), and its /run/netns shared, so that larkd's netns names made in there are seen from the host too.
+    netns_dir = ROOT / "run/netns"
+    netns_dir.mkdir(parents=True, exist_ok=True)
+    for target, propagation in ((ROOT, "--make-private"), (netns_dir, "--make-shared")):
+        run(["mount", "--bind", str(target), str(target)])
+        state["mounts"].append(str(target))
+        save_state(state)
+        run(["mount", propagation, str(target)])
     for _, sub, args in MOUNTS:
         target = ROOT / sub
         run(["mount", *args, str(target)])
@@ -333,7 +359,7 @@ def start() -> None:
         (ROOT / d).mkdir(parents=True, exist_ok=True)
         run(["chroot", str(ROOT), "chown", "condor:condor", "/" + d])
     (ROOT / "run/lark").mkdir(parents=True, exist_ok=True)
-    master = subprocess.Popen(in_root(["/usr/sbin/condor_master", "-f"]), stdout=subprocess.DEVNULL,
+    master = subprocess.Popen(in_own_root(["/usr/sbin/condor_master", "-f"]), stdout=subprocess.DEVNULL,
                               stderr=open(CACHE / "master.stderr", "a"))
     state["master_pid"] = master.pid
     save_state(state)
@@ -395,6 +421,8 @@ def stop() -> None:
         target = line.split()[1]
         if target.startswith(str(ROOT) + "/"):
             run(["umount", "-l", target], check=False)
+    if str(ROOT) in state.get("mounts", []) or run(["mountpoint", "-q", str(ROOT)], check=False).returncode == 0:
+        run(["umount", "-l", str(ROOT)], check=False)
     for ns in (HOST_NS, WORLD_NS):
         run(["ip", "netns", "del", ns], check=False)
     save_state({})

@@ -22,7 +22,8 @@ from ..kernel.firewall import make_firewall
 from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.adsource import make_ad_source
-from ..policy.engine import decide
+from ..policy.containers import check_container_network
+from ..policy.engine import decide, job_id_of
 from ..policy.startd import JobIdentity
 from . import peercred, ssh_session
 from .admission import Admission, LogLimit, RateLimit
@@ -705,6 +706,7 @@ class Larkd:
             if len(self.identities) > 4096:  # checks whose setup never came; starters are few at a time
                 self.identities.clear()
             self.identities[(starter.pid, starter.start)] = identity
+        check_container_network(job_ad, job_id_of(job_ad))  # Apptainer told to leave the job's netns: refused
         return decide(job_ad, machine_ad, self.cfg, starter.slot, key, uplink_mbit=self.uplink_mbit)
 
     def reload_config(self) -> None:
