@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 P_FOREIGN_PORT = 270   # a confined EP's job's MAC coming in by a port that is not its EP's
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     blocked_by: str = ""      # name of the drop policy that selected the job
     slice_name: str = ""      # "" = not sliced

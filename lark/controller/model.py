@@ -30,7 +30,7 @@ def _plain_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-@dataclass
+@dataclass(slots=True)   # 100,000 registered jobs: no __dict__ per job (issue 26 capacity)
 class JobReg:
     ep: str                       # the EP's certificate name (authoritative, set by the API from the TLS peer)
     key: str                      # larkd's job key (one per slot): a slot holds one job at a time

@@ -17,7 +17,7 @@ from .wan import WanPlan
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class Entry:
     job: JobReg
     decision: Decision
