@@ -232,10 +232,9 @@ class Larkd:
             self.pusher.push_final(pin.key, pin.schedd, pin.job_id, summary)
 
     def push_running(self) -> None:
-        """Running jobs' figures into their ads at their schedds (worker thread): a job's first push comes right
-        after its setup (_push_started), or else with the first poll after it (so even a short job whose end larkd
-        misses has figures in its history), then one every schedd_push_interval. Then the due retries of final
-        pushes."""
+        """Running jobs' figures into their ads at their schedds (worker thread): a job's first push comes with
+        the first poll after its setup (so even a short job whose end larkd misses has figures in its history),
+        then one every schedd_push_interval. Then the due retries of final pushes."""
         if self.pusher is None:   # no pushes to schedds configured (the poller does not call this then)
             return
         now = time.monotonic()
@@ -532,19 +531,6 @@ class Larkd:
                      (t_end - t_ran) * 1000)
         return protocol.ok(pushed=ok)
 
-    def _push_started(self, key: str, job_id: str) -> None:
-        """A job's plan and start figures into its ad as soon as its setup is done (push thread, ROUTINE), not at the
-        first poll: its exit barrier then sends only what changed since, nothing for a job that moved no bytes
-        (issue 27: bench/barrier.py, docs/performance.md). Skipped when the job has ended meanwhile (its barrier or
-        final push sends the figures)."""
-        pin = self._pin(key)
-        if (self.pusher is None or pin is None or pin.job_id != job_id or not pin.schedd or key not in self.active
-                or self.barriers.get(key) == job_id):
-            return
-        if self.pusher.push(key, pin.schedd, job_id, self.stats(key)):
-            last_job, _, pushes = self.pushed_at.get(key, (job_id, None, 0))
-            self.pushed_at[key] = (job_id, time.monotonic(), (pushes if last_job == job_id else 0) + 1)
-
     def _push_job(self, key: str, pin: Pin) -> bool:
         """One job's figures to its schedd (push thread), its counters read now: a push that waited in the queue
         carries what the job moved until it ran."""
@@ -605,8 +591,6 @@ class Larkd:
                 self.watch(key, starter.pid, starter.start)
             log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, built.plan["network_type"],
                      built.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
-            if self.pusher is not None and pin.schedd:
-                self.push_pool.submit(self._push_started, key, plan.job_id)
             return protocol.ok(plan=built.plan, env=env_for(built.plan), exit_barrier=self.exit_barrier())
 
     async def hold_unnetworked(self, pin: Pin, error: Exception) -> bool:

@@ -192,31 +192,3 @@ def test_the_schedd_is_located_once_and_again_after_a_failed_edit(monkeypatch):
     adpush.htcondor_edit("ap", "4.0", {"NetworkIncomingBytes": "3000000"})
     assert located == ["ap", "ap"]
 
-
-def test_a_jobs_start_figures_go_out_after_its_setup_so_its_barrier_sends_only_what_changed(tmp_path, monkeypatch):
-    """Issue 27: the plan and the start figures are pushed when setup ends, not at the first poll, so a job that
-    moved nothing has an exit barrier with no edit at all; one that ended first is not pushed to again."""
-    schedd = FakeSchedd()
-    d = _daemon(tmp_path, monkeypatch, schedd)
-    usage = {"bytes_in": 0}
-    monkeypatch.setattr(d, "stats", lambda key: {"key": key, "plan": {"network_type": "bridge", "ipv4": "10.0.0.9"},
-                                                 "usage": dict(usage)})
-    monkeypatch.setattr(d.acct, "poll", lambda: None)
-    d.push_pool.submit(d._push_started, "slot1", "4.0").result(10)
-    assert [job for job, _ in schedd.edits] == ["4.0"]
-    assert schedd.edits[0][1]["LarkNetworkType"] == '"bridge"' and schedd.edits[0][1]["NetworkIncomingBytes"] == "0"
-    assert d.pushed_at["slot1"][0] == "4.0" and d.pushed_at["slot1"][2] == 1
-
-    async def barrier(uid):
-        d.loop = asyncio.get_running_loop()
-        return json.loads(await d.op_push(Peer(pid=ME, uid=uid, gid=uid), barrier=True))
-    assert asyncio.run(barrier(1001))["pushed"] is True
-    assert len(schedd.edits) == 1   # nothing moved since: the barrier edits nothing
-    usage["bytes_in"] = 5000
-    d.barriers.pop("slot1")
-    assert asyncio.run(barrier(1001))["pushed"] is True
-    assert set(schedd.edits[1][1]) == {"NetworkIncomingBytes", "NetworkInputMb"}   # only what changed
-    # slot2's job ended (its barrier served) before its start push ran: no edit for it.
-    d.barriers["slot2"] = "5.0"
-    d.push_pool.submit(d._push_started, "slot2", "5.0").result(10)
-    assert [job for job, _ in schedd.edits] == ["4.0", "4.0"]
