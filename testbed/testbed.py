@@ -6,7 +6,8 @@ and directory is touched.
 
   testbed.py build     debootstrap + condor into the cache (reused; a fresh machine builds it in ~1 min)
   testbed.py install   copy this working tree's Lark into the root (venv with the distro's htcondor2)
-  testbed.py start     namespaces, mounts, world servers, condor_master (which runs larkd); waits for a slot
+  testbed.py start     namespaces, mounts, world servers, condor_master (which runs larkd; pivoted into the root in
+                       a mount namespace of its own, not chrooted: in_own_root); waits for a slot
   testbed.py stop      everything started, by PID; gc; unmount; namespaces removed. Safe to repeat
   testbed.py status
 Standard library only: it runs under any python3.

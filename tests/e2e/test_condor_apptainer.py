@@ -165,7 +165,9 @@ def test_apptainer_told_to_make_its_own_netns_is_held_with_the_reason(pool, imag
     reconfigure("96-apptainer-net.conf", "SINGULARITY_EXTRA_ARGUMENTS = --net --network none\n")
     try:
         c = container_job("apt-ownnet", image, IFACES)
-        _, reason = wait_queue(c, ["JobStatus", "HoldReason"], until=lambda r: r[0] == "5", timeout=120)
+        _, code, subcode, reason = wait_queue(c, ["JobStatus", "HoldReasonCode", "HoldReasonSubCode", "HoldReason"],
+                                              until=lambda r: r[0] == "5", timeout=120)
+        assert (code, subcode) == ("19", "112"), (code, subcode, reason)  # PREPARE_JOB failed; larkd refused
         assert "SINGULARITY_EXTRA_ARGUMENTS" in reason and "network namespace of its own (--net)" in reason, reason
         assert f"job {c}.0" in reason, reason
         as_root(["condor_rm", str(c)])
