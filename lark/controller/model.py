@@ -58,13 +58,15 @@ class JobReg:
         h = hashlib.blake2b(f"{self.ep}\0{self.key}\0{self.job_id}".encode(), digest_size=7).digest()
         return JOB_COOKIE_TAG | int.from_bytes(h, "big")
 
+    # An address's text tells its family (every IPv6 form has a colon, no IPv4 one has): parsing each address again
+    # for every flow of every job was 18% of the controller's time in a 100,000-job resync (issue 26 capacity).
     @property
     def ipv4(self) -> list[str]:
-        return [a for a in self.addresses if ipaddress.ip_address(a).version == 4]
+        return [a for a in self.addresses if ":" not in a]
 
     @property
     def ipv6(self) -> list[str]:
-        return [a for a in self.addresses if ipaddress.ip_address(a).version == 6]
+        return [a for a in self.addresses if ":" in a]
 
     def to_dict(self) -> dict:
         return asdict(self)
