@@ -239,8 +239,10 @@ def pid_namespaces(run: Runner) -> Finding:
                    "HTCondor's starter clones each job with CLONE_NEWNET alone and then writes 8 bytes of pids into "
                    "an uninitialised file descriptor (CreateProcessForkit::fork): into whatever file it is, or the "
                    "starter dies with \"Unable to write into pipe.\" and the job is restarted",
-                   "USE_PID_NAMESPACES = True on this execution point, then condor_reconfig (docs/admin.md, \"Known "
-                   f"HTCondor defects\": on a chroot EP / must be a mount point); {sshd}")
+                   "none complete in configuration (docs/admin.md, \"Known HTCondor defects\"): the crashes seen were "
+                   "at condor_ssh_to_job's sshd, which only ENABLE_SSH_TO_JOB = False avoids; USE_PID_NAMESPACES = "
+                   "True protects the job's own clone, but lark-job-wrapper as the namespace's init does not yet end "
+                   "on a soft kill outside the job's run (a held job waits for the hard kill)")
 
 
 def file_transfer(run: Runner) -> Finding:

@@ -29,7 +29,7 @@ def test_no_job_networking_without_pid_namespaces_is_reported_with_the_fix(param
     f = hostcheck.pid_namespaces(condor_config(params))
     assert not f.ok and f.what == "pidns"
     assert "Unable to write into pipe." in f.action and "uninitialised file descriptor" in f.action
-    assert f.fix.startswith("USE_PID_NAMESPACES = True") and "condor_ssh_to_job's sshd" in f.fix
+    assert "ENABLE_SSH_TO_JOB = False" in f.fix and "USE_PID_NAMESPACES = True" in f.fix
 
 
 @pytest.mark.parametrize("value", ["True", "true", "1", "YES"])
