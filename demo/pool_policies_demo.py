@@ -11,6 +11,9 @@ started more than once or was evicted. The policies are pool.SDN_POLICIES:
   slice      per Owner: jobs of different owners cannot talk, on one EP or across; the same owner's can
   wan_drop   AcctGroup == "students": nothing toward the WAN
   wan_steer  Owner == "bob": WAN traffic leaves through the alternate WAN port (wan1)
+The pool runs two equal controllers (HA): controller 0 is killed with -9 as soon as the first job is registered,
+so the other jobs start with their flows from controller 1; controller 0 is then started again and resynced by the
+EPs at once (docs/controller.md, "HA model").
 """
 from __future__ import annotations
 
@@ -44,13 +47,27 @@ def main() -> int:
     try:
         pool.start()
         status: list[str] = []
+        whole: list[float] = []
+        # Two controllers (HA): controller 0 is killed with -9 once the first job is registered, during the starts
+        killer = pool.KillDuringStarts() if pool.load_state().get("controllers", 1) > 1 else None
 
         def controller_status() -> None:
             if pool.controller_available():
-                conf = str(pool.POOL / "controller.toml")
-                status.append(pool.controller_cli("status", "--config", conf, check=False).stdout)
+                survivor = 1 if killer is not None and killer.at is not None else 0
+                conf = str(pool.controller_file(survivor))
+                status.append(f"(controller {survivor}) " + pool.controller_cli("status", "--config", conf,
+                                                                                check=False).stdout)
+                if survivor:    # and controller 0, started again, is resynced by the EPs at once
+                    ids = {j["job_id"] for j in (pool.controller_status(1) or {}).get("jobs", [])}
+                    whole.append(pool.restart_until_whole(0, ids))
 
-        jobs = pool_probe.run_probes(pool_probe.policy_jobs(), run="demo", while_running=controller_status)
+        if killer is not None:
+            killer.start()
+        try:
+            jobs = pool_probe.run_probes(pool_probe.policy_jobs(), run="demo", while_running=controller_status)
+        finally:
+            if killer is not None:
+                killer.stop()
         print()
         print(pool_probe.table(jobs))
         print("* same EP: the EP's bridge isolates job ports, so the core switch decides and sends allowed frames "
@@ -60,6 +77,11 @@ def main() -> int:
         if status:
             print("\nlark-controller status while the jobs ran:")
             print(status[0])
+        if killer is not None and killer.at is not None:
+            print(f"HA: controller 0 was killed with -9 when controller 1 had {killer.registered_before} of "
+                  f"{len(jobs)} jobs registered; the others started with their flows from controller 1; controller 0,"
+                  f" started again, had every job {whole[0] if whole else float('nan'):.2f} s after its switch was "
+                  "ready (docs/controller.md, HA model)")
         wrong = policy_mismatches(jobs)
         pairs = len(jobs) * len(jobs)          # each job: every other job and the WAN
         if wrong:

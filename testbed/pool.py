@@ -2,7 +2,7 @@
 """The Lark pool testbed: a multi-machine HTCondor pool on one machine (paper section VI).
 
 Every machine is a network namespace (lark-pool-*):
-  cm     central manager: collector, negotiator, schedd (and lark-controller when the tree has it)
+  cm     central manager: collector, negotiator, schedd (and two lark-controllers, HA, when the tree has them)
   ep1/2  execution points: condor_master + startd + their own larkd; jobs bridged onto the site network
   core   the "core switch": a private Open vSwitch (userspace datapath), bridge core0, one port per machine
   wan    behind the core switch over two links (ports wan0, wan1): HTTP (which link?, files, upload sink), iperf3
@@ -69,6 +69,9 @@ MGMT_CORE, MGMT_CM = "10.78.0.1", "10.78.0.2"
 OPENFLOW_PORT = 6653
 SWITCH_DPID = 0x0000000000000c01          # the core switch's datapath id, bound to its certificate (issue 26)
 REGISTRATION_PORT = 8443
+# Two equal lark-controllers in the CM (HA, issue 26; docs/controller.md "HA model"): controller i listens on
+# OPENFLOW_PORT + i and REGISTRATION_PORT + i, the switch connects to both, every larkd registers with both.
+CONTROLLERS = 2
 JOB_PORT = 20001                          # the probe jobs' listener (inside Lark's inbound_ports)
 SLOTS_PER_EP = 4                          # static slots per EP (start(slots_per_ep=...) for more)
 # Who may use which accounting group, on the access point (condor_config.d/56-lark-acct-groups.conf): alice
@@ -334,15 +337,16 @@ def condor_config(machine: str, slots_per_ep: int = SLOTS_PER_EP, ep_extra: str 
         "STARTD_ATTRS = $(STARTD_ATTRS) LarkPoolEP\n" + ep_extra)
 
 
-def lark_knobs(ep: str, extra: dict[str, str] | None = None) -> str:
+def lark_knobs(ep: str, extra: dict[str, str] | None = None, controllers: int = CONTROLLERS) -> str:
     """larkd's configuration on an EP as HTCondor LARK_* knobs (docs/admin.md), after the testbed's own; `extra`
-    (knob name without LARK_, lower case -> value) adds or overrides knobs."""
+    (knob name without LARK_, lower case -> value) adds or overrides knobs; `controllers`: how many it lists."""
     knobs = {"ad_source": "startd", "poll_interval": "1.0", "uplink": "lkbr0", "subnet": "10.213.0.0/24",
              "bandwidth_mbit": "1000", "default_network_type": "bridge", "bridge_name": "lkbr0",
              "bridge_uplink": "eth0", "bridge_range": JOB_RANGE[ep], "job_mac_seed": ep, "bridge_gateway": GATEWAY,
              "bridge_prefix": str(SITE_PREFIX)}
     if controller_available():
-        knobs.update(controller_url=f"https://{ADDRESS['cm']}:{REGISTRATION_PORT}",
+        knobs.update(controller_url=",".join(f"https://{ADDRESS['cm']}:{REGISTRATION_PORT + i}"
+                                             for i in range(controllers)),
                      controller_ca="/etc/lark/certs/ca.pem", controller_cert=f"/etc/lark/certs/{ep}.pem",
                      controller_key=f"/etc/lark/certs/{ep}.key", controller_failure="closed",
                      # Jobs on one EP meet only through the core switch, which applies the policies and sends
@@ -377,8 +381,8 @@ def make_machine(machine: str, pool_key: bytes, state: dict, slots_per_ep: int =
     for d in ("var/lib/condor/spool", "var/lib/condor/execute", "var/log/condor", "run/condor", "run/lock/condor"):
         (root / d).mkdir(parents=True, exist_ok=True)
         run(["chroot", str(root), "chown", "condor:condor", "/" + d])
-    (root / "etc/condor/config.d/95-lark-pool.conf").write_text(
-        condor_config(machine, slots_per_ep, ep_condor) + (lark_knobs(machine, larkd_knobs) if machine in EPS else ""))
+    knobs = lark_knobs(machine, larkd_knobs, state.get("controllers", CONTROLLERS)) if machine in EPS else ""
+    (root / "etc/condor/config.d/95-lark-pool.conf").write_text(condor_config(machine, slots_per_ep, ep_condor) + knobs)
     if machine == "cm":
         shutil.copy(ACCT_GROUP_MAP, root / ACCT_GROUP_MAP_PATH.lstrip("/"))
     keydir = root / "etc/condor/passwords.d"
@@ -437,11 +441,12 @@ port = "wan1"
 """
 
 
-def controller_config(policies: str | None = None) -> str:
-    """controller.toml: the pool's switch and API settings, then `policies` ([[policy]], [[wan_group]], [wan]
-    sections; default SDN_POLICIES)."""
-    return (f'[openflow]\nhost = "{MGMT_CM}"\nport = {OPENFLOW_PORT}\n'
-            f'[api]\nhost = "{ADDRESS["cm"]}"\nport = {REGISTRATION_PORT}\n'
+def controller_config(policies: str | None = None, i: int = 0) -> str:
+    """controller.toml (controller i: controller<i+1>.toml beyond the first): the pool's switch and API settings,
+    then `policies` ([[policy]], [[wan_group]], [wan] sections; default SDN_POLICIES). Both controllers have the same
+    file but for their ports."""
+    return (f'[openflow]\nhost = "{MGMT_CM}"\nport = {OPENFLOW_PORT + i}\n'
+            f'[api]\nhost = "{ADDRESS["cm"]}"\nport = {REGISTRATION_PORT + i}\n'
             'ca = "certs/ca.pem"\ncert = "certs/controller.pem"\nkey = "certs/controller.key"\n'
             '[switch]\nwan_ports = ["wan0", "wan1"]\n'
             f'site_prefixes = ["{GATEWAY.rsplit(".", 1)[0]}.0/{SITE_PREFIX}"]\n'
@@ -457,78 +462,160 @@ def controller_cli(*args: str, check: bool = True) -> subprocess.CompletedProces
     return run(in_ns("cm", [exe, *args]), check=check)
 
 
-def start_controller(state: dict, policies: str | None = None) -> None:
-    """lark-controller in the CM's netns (from this tree's venv: it needs os-ken), the core switch its client.
+def controller_file(i: int = 0) -> Path:
+    """Controller i's config file: controller.toml, controller2.toml, ..."""
+    return POOL / ("controller.toml" if i == 0 else f"controller{i + 1}.toml")
 
-    Certificates from `lark-controller certs`: the controller's names its API address (larkd checks it), each
+
+def _controller_name(i: int) -> str:
+    return "controller" if i == 0 else f"controller{i + 1}"
+
+
+def controllers_for(policies: str | None) -> int:
+    """How many controllers the pool runs: CONTROLLERS, but one with [[wan_group]] limits (meters and queues are made
+    by each controller on its own, not yet shared between two: docs/controller.md "HA model")."""
+    return 1 if policies is not None and "[[wan_group]]" in policies else CONTROLLERS
+
+
+def start_controller(state: dict, policies: str | None = None) -> None:
+    """The lark-controllers in the CM's netns (from this tree's venv: they need os-ken), the core switch a client of
+    each (HA: equal controllers, docs/controller.md).
+
+    Certificates from `lark-controller certs`: the controllers' names their API address (larkd checks it), each
     EP's certificate name is the EP's identity at the controller; the switch's is bound to its datapath id."""
     shutil.rmtree(CERTS, ignore_errors=True)
     controller_cli("certs", "--dir", str(CERTS), f"controller={ADDRESS['cm']},{MGMT_CM}", *EPS,
                    f"switch:{SWITCH_DPID:x}")
-    (POOL / "controller.toml").write_text(controller_config(policies))
-    p = _spawn_controller(state)
+    n = state["controllers"] = controllers_for(policies)
+    procs = []
+    for i in range(n):
+        controller_file(i).write_text(controller_config(policies, i))
+        procs.append(_spawn_controller(state, i))
     # secure: without a controller the switch keeps the flows it has and never falls back to learning.
     # OpenFlow over TLS only: the switch presents its own certificate (switch role, bound to its datapath id).
     switch_cert = CERTS / f"switch-{SWITCH_DPID:016x}"
     vsctl("set", "bridge", SWITCH, "fail_mode=secure", f"other_config:datapath-id={SWITCH_DPID:016x}",
           "--", "set-ssl", f"{switch_cert}.key", f"{switch_cert}.pem", str(CERTS / "ca.pem"),
-          "--", "set-controller", SWITCH, f"ssl:{MGMT_CM}:{OPENFLOW_PORT}")
-    _wait_switch_ready(p)
+          "--", "set-controller", SWITCH, *(f"ssl:{MGMT_CM}:{OPENFLOW_PORT + i}" for i in range(n)))
+    # A controller that comes back is reconnected within a second (OVS's default backoff grows to 8 s).
+    for uuid in vsctl("--bare", "--columns=_uuid", "list", "controller").stdout.split():
+        vsctl("set", "controller", uuid, "max_backoff=1000")
+    for i, p in enumerate(procs):
+        _wait_switch_ready(p, i)
 
 
-def _spawn_controller(state: dict) -> subprocess.Popen:
-    out = open(POOL / "controller.log", "a")
+def _spawn_controller(state: dict, i: int = 0) -> subprocess.Popen:
+    name = _controller_name(i)
+    out = open(POOL / f"{name}.log", "a")
     exe = shutil.which("lark-controller", path=_venv_bin())
-    p = subprocess.Popen(in_ns("cm", [exe, "run", "--config", str(POOL / "controller.toml")]), stdout=out,
-                         stderr=out)
-    state["pids"]["controller"] = p.pid
+    p = subprocess.Popen(in_ns("cm", [exe, "run", "--config", str(controller_file(i))]), stdout=out, stderr=out)
+    state["pids"][name] = p.pid
     save_state(state)
     return p
 
 
-def _wait_switch_ready(p: subprocess.Popen, timeout: float = 30) -> None:
+def controller_status(i: int = 0) -> dict | None:
+    """`lark-controller status --json` of controller i, None when it does not answer."""
+    cp = controller_cli("status", "--config", str(controller_file(i)), "--json", check=False)
+    try:
+        return json.loads(cp.stdout) if cp.returncode == 0 else None
+    except ValueError:
+        return None
+
+
+def _wait_switch_ready(p: subprocess.Popen, i: int = 0, timeout: float = 30) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
-        cp = controller_cli("status", "--config", str(POOL / "controller.toml"), "--json", check=False)
-        try:
-            if cp.returncode == 0 and any(sw.get("ready") for sw in json.loads(cp.stdout)["switches"]):
-                log.info("lark-controller up, switch %s connected", SWITCH)
-                return
-        except (ValueError, KeyError):
-            pass
+        st = controller_status(i)
+        if st is not None and any(sw.get("ready") for sw in st.get("switches", [])):
+            log.info("%s up, switch %s connected", _controller_name(i), SWITCH)
+            return
         if p.poll() is not None:
             break
         time.sleep(0.5)
-    raise RuntimeError(f"pool: lark-controller did not get the switch ready; see {POOL}/controller.log")
+    name = _controller_name(i)
+    raise RuntimeError(f"pool: {name} did not get the switch ready; see {POOL}/{name}.log")
 
 
-def kill_controller() -> None:
-    """kill -9, as a crash would: the switch keeps the flows it has (fail_mode=secure)."""
+def kill_controller(i: int = 0) -> None:
+    """kill -9 controller i, as a crash would: the switch keeps the flows it has (fail_mode=secure), and the other
+    controller (if any) keeps serving registrations."""
     state = load_state()
-    pid = state["pids"].pop("controller")
+    pid = state["pids"].pop(_controller_name(i))
     os.kill(pid, signal.SIGKILL)
     tb._wait_gone(pid, 10)
     save_state(state)
 
 
-def restart_controller() -> None:
-    """Start the controller again after kill_controller(); it rebuilds its view from the EPs' resyncs."""
+def restart_controller(i: int = 0) -> None:
+    """Start controller i again after kill_controller(i); the EPs resync it as soon as it answers."""
     state = load_state()
-    _wait_switch_ready(_spawn_controller(state))
+    _wait_switch_ready(_spawn_controller(state, i), i)
+
+
+class KillDuringStarts(threading.Thread):
+    """kill -9 of controller `victim` as soon as controller `witness` logs its `after`-th job registration since the
+    thread started: in the middle of a burst of job starts (tests/e2e_pool/test_controller_ha.py, make demo-pool).
+    The witness's log is read as it grows (every 10 ms), since the registrations of a burst come within a second.
+    `at`: when (time.time()); `registered_before`: the registrations the witness had logged by then."""
+
+    def __init__(self, victim: int = 0, witness: int = 1, after: int = 1):
+        super().__init__(name="kill-controller", daemon=True)
+        self.victim, self.witness, self.after = victim, witness, after
+        self.at: float | None = None
+        self.registered_before = 0
+        self._stop_event = threading.Event()
+        self._log = POOL / f"{_controller_name(witness)}.log"
+        self._offset = self._log.stat().st_size if self._log.exists() else 0
+
+    def run(self) -> None:
+        seen, pending = 0, b""
+        with open(self._log, "rb") as f:
+            f.seek(self._offset)
+            while not self._stop_event.is_set():
+                lines, _, pending = (pending + f.read()).rpartition(b"\n")   # whole lines only
+                seen += lines.count(b"INFO lark.controller registered job ")
+                if seen >= self.after:
+                    self.at, self.registered_before = time.time(), seen   # the kill's time, not its wait
+                    kill_controller(self.victim)
+                    log.info("%s killed with -9 after %d registrations at %s", _controller_name(self.victim), seen,
+                             _controller_name(self.witness))
+                    return
+                time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(10)
+        if self.at is not None and _controller_name(self.victim) not in load_state()["pids"]:
+            restart_controller(self.victim)
+
+
+def restart_until_whole(i: int, job_ids: set[str], timeout: float = 60) -> float:
+    """Start controller i again (after kill_controller(i)) and wait until it has every job in `job_ids` registered
+    (the EPs resync it as soon as it answers); returns the seconds from its switch being ready to that."""
+    restart_controller(i)
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        st = controller_status(i)
+        if st is not None and {j["job_id"] for j in st["jobs"]} >= job_ids:
+            break
+        time.sleep(0.2)
+    return time.time() - t0
 
 
 def reconfigure_controller(policies: str | None) -> None:
-    """A new controller.toml with `policies` (None: SDN_POLICIES), then the controller stopped (SIGTERM, by PID;
+    """New controller configs with `policies` (None: SDN_POLICIES), then each controller stopped (SIGTERM, by PID;
     the switch keeps its flows) and started again, as docs/controller.md says for a config change. At the
-    switch's reconnect it deletes its own flows and the meters the new config no longer has; running jobs get
-    their new decisions at their EP's next resync (larkd's controller_resync)."""
+    switch's reconnect each deletes its own flows and the meters the new config no longer has; running jobs get
+    their new decisions at their EP's resync (larkd resyncs a restarted controller at once)."""
     state = load_state()
-    (POOL / "controller.toml").write_text(controller_config(policies))
-    pid = state["pids"].pop("controller", None)
-    if pid:
-        _kill(pid, "controller")
-    save_state(state)
-    _wait_switch_ready(_spawn_controller(state))
+    for i in range(state.get("controllers", 1)):
+        controller_file(i).write_text(controller_config(policies, i))
+        pid = state["pids"].pop(_controller_name(i), None)
+        if pid:
+            _kill(pid, _controller_name(i))
+        save_state(state)
+        _wait_switch_ready(_spawn_controller(state, i), i)
 
 
 def start(policies: str | None = None, slots_per_ep: int = SLOTS_PER_EP, ep_condor: str = "",
@@ -611,7 +698,8 @@ def down() -> None:
     for ep in EPS:
         if Path(ns_path(ep)).exists() and (root_of(ep) / "usr/local/bin/lark").exists():
             run(in_machine(ep, ["lark", "gc", "--purge"]), check=False)
-    for name in ("controller", "wan-http", "wan-iperf3-0", "wan-iperf3-1", "ovs-vswitchd", "ovsdb-server"):
+    for name in (*(_controller_name(i) for i in range(CONTROLLERS)), "wan-http", "wan-iperf3-0", "wan-iperf3-1",
+                 "ovs-vswitchd", "ovsdb-server"):
         if pids.get(name):
             _kill(pids[name], name)
     # Everything mounted under the pool directory, deepest first (job netns names, proc/sys/dev, overlays).

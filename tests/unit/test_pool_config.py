@@ -20,7 +20,9 @@ def test_each_eps_larkd_config_loads_and_keeps_jobs_apart(ep, monkeypatch):
     knobs = {name[len("LARK_"):].lower(): value for name, _, value in (line.partition(" = ") for line in lines)}
     cfg = config.from_knobs(knobs)
     assert cfg.default_network_type == "bridge" and cfg.job_mac_seed == ep
-    assert cfg.controller_url == f"https://{pool.ADDRESS['cm']}:{pool.REGISTRATION_PORT}"
+    # both controllers of the pool (HA), one URL each
+    assert cfg.controller_url == ",".join(f"https://{pool.ADDRESS['cm']}:{pool.REGISTRATION_PORT + i}"
+                                          for i in range(pool.CONTROLLERS))
     assert cfg.controller_cert.endswith(f"/{ep}.pem") and cfg.controller_failure == "closed"
 
 
