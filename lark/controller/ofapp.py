@@ -22,7 +22,7 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_3
 
 from ..errors import LarkError
-from . import certs, hairpin, ofwire
+from . import certs, hairpin
 from .config import ControllerConfig
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
@@ -261,49 +261,49 @@ class LarkSwitchApp(app_manager.OSKenApp):
             match["in_port"] = port
         return match
 
-    def _mod(self, sw: Switch, cookie: int, f: Flow) -> ofwire.FlowMod | None:
-        """The flow as an OFPFC_ADD flow mod for this switch (packed by lark.controller.ofwire: os-ken's OFPMatch
-        costs ~50 us a flow); None when the switch lacks a port the flow names."""
+    def _mod(self, sw: Switch, cookie: int, f: Flow):
+        """The flow as an OFPFC_ADD flow mod for this switch, encoded by os-ken (OFPMatch converts each address
+        with netaddr: most of a registration's CPU at site scale, docs/controller.md "Capacity"); None when the
+        switch lacks a port the flow names."""
         dp = sw.dp
-        o = dp.ofproto
+        p, o = dp.ofproto_parser, dp.ofproto
         match = self._match(sw, f)
         if match is None:
             return None
         kind = f.action[0]
         if kind == "drop":
-            inst = b""
+            inst = []
         elif kind == "goto":
             _, table, md, mask = f.action
-            inst = (ofwire.write_metadata(md, mask) if mask else b"") + ofwire.goto_table(table)
+            inst = ([p.OFPInstructionWriteMetadata(md, mask)] if mask else []) + [p.OFPInstructionGotoTable(table)]
         elif kind == "normal":
-            inst = ofwire.apply_actions(ofwire.output(o.OFPP_NORMAL))
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
         elif kind in LIMIT_ACTIONS:   # WAN group limit (lark.controller.wan): meter or queue, then NORMAL or a port
             out = o.OFPP_NORMAL if kind.endswith("_normal") else sw.ports.get(f.action[2])
             if out is None:
                 log.warning("switch %016x has no port %r: %s not installed there", dp.id, f.action[2], f.describe())
                 return None
             if kind.startswith("meter"):
-                inst = ofwire.meter(f.action[1]) + ofwire.apply_actions(ofwire.output(out))
+                inst = [p.OFPInstructionMeter(f.action[1], o.OFPIT_METER),
+                        p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(out)])]
             else:
-                inst = ofwire.apply_actions(ofwire.set_queue(f.action[1]), ofwire.output(out))
+                inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionSetQueue(f.action[1]),
+                                                                        p.OFPActionOutput(out)])]
         elif kind == "in_port":          # same-EP hairpin (lark.controller.hairpin)
-            inst = ofwire.apply_actions(ofwire.output(o.OFPP_IN_PORT))
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_IN_PORT)])]
         elif kind == "in_port_normal":
-            inst = ofwire.apply_actions(ofwire.output(o.OFPP_IN_PORT), ofwire.output(o.OFPP_NORMAL))
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_IN_PORT),
+                                                                    p.OFPActionOutput(o.OFPP_NORMAL)])]
         elif kind == "output":
             port = sw.ports.get(f.action[1])
             if port is None:
                 log.warning("switch %016x has no port %r: %s not installed there", dp.id, f.action[1], f.describe())
                 return None
-            inst = ofwire.apply_actions(ofwire.output(port))
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(port)])]
         else:
             raise ValueError(f"unknown action {f.action}")
-        wire = ofwire.encode_match(match)
-        if wire is None:     # a field ofwire does not pack: os-ken's encoding
-            buf = bytearray()
-            dp.ofproto_parser.OFPMatch(**match).serialize(buf, 0)
-            wire = bytes(buf)
-        return ofwire.FlowMod(cookie, f.table, f.priority, wire, inst)
+        return p.OFPFlowMod(dp, cookie=cookie, table_id=f.table, priority=f.priority, command=o.OFPFC_ADD,
+                            match=p.OFPMatch(**match), instructions=inst)
 
     def _delete(self, sw: Switch, cookie: int, mask: int = ALL_COOKIES):
         dp = sw.dp
