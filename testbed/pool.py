@@ -555,7 +555,7 @@ def restart_controller(i: int = 0) -> None:
 
 class KillDuringStarts(threading.Thread):
     """kill -9 of controller `victim` as soon as controller `witness` logs its `after`-th job registration since the
-    thread started: in the middle of a burst of job starts (tests/e2e_pool/test_controller_ha.py, make demo-pool).
+    thread started: in the middle of a burst of job starts (tests/e2e_pool/test_pool_controller_ha.py, make demo-pool).
     The witness's log is read as it grows (every 10 ms), since the registrations of a burst come within a second.
     `at`: when (time.time()); `registered_before`: the registrations the witness had logged by then."""
 
