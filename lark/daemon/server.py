@@ -437,12 +437,13 @@ class Larkd:
         finally:
             if pidfd != who.pidfd:
                 os.close(pidfd)
+        env_fd = ssh_session.environment_fd(env)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *command.argv(self.cfg.ssh_sshd, path, who.uid, who.gid), stdin=fds[0], stdout=fds[1],
-                stderr=fds[2], env=env, cwd=cwd, start_new_session=True)
+                *command.argv(self.cfg.ssh_sshd, path, who.uid, who.gid, env_fd), stdin=fds[0], stdout=fds[1],
+                stderr=fds[2], env=ssh_session.ROOT_ENV, cwd=cwd, start_new_session=True, pass_fds=(env_fd,))
         finally:
-            for fd in fds:
+            for fd in (*fds, env_fd):
                 os.close(fd)
         self.session_netns[key] = rec.netns_inode   # its leftovers go when the job ends (release)
         log.info("ssh session of job %s on %s: sshd pid %d in its network namespace", rec.job_id, starter.slot,

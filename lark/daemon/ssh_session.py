@@ -27,6 +27,17 @@ SYS_PIDFD_GETFD = 438           # the same number on every architecture (Linux >
 SESSION_DIR = "/.condor_ssh_to_job_"
 STANDARD_FDS = (0, 1, 2)
 MAX_ENV_BYTES = 1 << 20
+ROOT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+# Run as the job's user after setpriv: read the session's environment (NUL-separated, as /proc/<pid>/environ)
+# from the fd in argv[1], then become argv[2:] with it.
+WITH_ENV_FROM_FD = (
+    "import os, sys\n"
+    "fd, data = int(sys.argv[1]), b''\n"
+    "while chunk := os.read(fd, 65536):\n"
+    "    data += chunk\n"
+    "os.close(fd)\n"
+    "env = dict(item.split(b'=', 1) for item in data.split(b'\\0') if b'=' in item)\n"
+    "os.execve(sys.argv[2], sys.argv[2:], env)\n")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -36,17 +47,20 @@ class SessionCommand:
     """The sshd the starter asked for, checked: only its configuration file comes from the request."""
     config: str
 
-    def argv(self, sshd: str, netns_path: str, uid: int, gid: int) -> list[str]:
+    def argv(self, sshd: str, netns_path: str, uid: int, gid: int, env_fd: int) -> list[str]:
         nsenter, setpriv = shutil.which("nsenter"), shutil.which("setpriv")
-        if not nsenter or not setpriv:
-            raise LarkError("nsenter or setpriv not found", obj="util-linux",
-                            fix="install util-linux on the execution point")
+        python = shutil.which("python3", path=ROOT_ENV["PATH"])   # the system's: every job user may run it
+        if not nsenter or not setpriv or not python:
+            raise LarkError("nsenter, setpriv or python3 not found", obj="util-linux, python3",
+                            fix="install util-linux and python3 on the execution point")
         # nsenter (root) joins the job's network namespace only; setpriv becomes the wrapper's user with its
-        # groups, keeps no capability (not even in the bounding set) and sets no_new_privs, then runs sshd; the
-        # parent-death signal ends the sshd with larkd (the wrapper has let go of the session by then).
+        # groups, keeps no capability (not even in the bounding set) and sets no_new_privs; the parent-death
+        # signal ends the session with larkd (the wrapper has let go of it by then). Both run as root, so with
+        # larkd's clean environment (ROOT_ENV): the session's, which the job chose (LD_PRELOAD would run its code
+        # in them as root), reaches only sshd, from env_fd, once it is the job's user.
         return [nsenter, f"--net={netns_path}", "--", setpriv, f"--reuid={uid}", f"--regid={gid}", "--init-groups",
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig", "KILL", "--", sshd,
-                "-i", "-e", "-f", self.config]
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig", "KILL", "--",
+                python, "-I", "-S", "-c", WITH_ENV_FROM_FD, str(env_fd), sshd, "-i", "-e", "-f", self.config]
 
 
 def session_command(argv: object) -> SessionCommand:
@@ -120,3 +134,12 @@ def kill_leftovers(netns_inode: int) -> list[int]:
         except ProcessLookupError:
             pass
     return killed
+
+
+def environment_fd(env: dict[str, str]) -> int:
+    """An in-memory file holding `env` (NUL-separated), at offset 0, for WITH_ENV_FROM_FD."""
+    fd = os.memfd_create("lark-ssh-session-env", os.MFD_CLOEXEC)
+    data = b"".join(f"{k}={v}".encode() + b"\0" for k, v in env.items())
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers.fakehost import JOB_PY, sh
-from test_security_daemon import results, root_request, spawn_hostile
+from helpers.fakehost import HERE, JOB_PY, sh
+from test_security_daemon import HOSTILE, results, root_request, spawn_hostile
 
 FAKE_SSHD = """#!/bin/sh
 # stands in for sshd -i -e -f CONFIG: says where it runs, on the session's stdout
 echo "SESSION netns=$(readlink /proc/self/ns/net) uid=$(id -u) $(grep CapEff /proc/self/status | tr -d '\\t') \
-$(grep NoNewPrivs /proc/self/status | tr -d '\\t') args=$*"
+$(grep NoNewPrivs /proc/self/status | tr -d '\\t') mark=$LARK_SESSION_MARK args=$*"
 echo $$ > "$(dirname "$0")/sshd-$(basename "$(dirname "$4")").pid"
 case "$4" in
   *linger*) sleep 300;;
@@ -97,6 +97,42 @@ def test_what_a_session_leaves_running_goes_when_the_job_ends(fakehost_factory, 
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{leftover}"), "a process a session left ran on after its job ended"
     assert "killed 1 process(es) its ssh sessions left" in host.larkd_log()
+
+
+PRELOAD_C = r"""
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+__attribute__((constructor)) static void report(void) {
+    int fd = open("MARKS", O_WRONLY | O_APPEND | O_CREAT, 0666);
+    if (fd >= 0) { dprintf(fd, "%d\n", (int)geteuid()); close(fd); }
+}
+"""
+
+
+def test_the_jobs_environment_reaches_the_session_but_never_larkds_root_helpers(fakehost_factory, bin_dir):
+    """The session's environment is the asker's (/proc/<pid>/environ): a job chooses it. With LD_PRELOAD in it,
+    the root helpers that join the namespace and drop privileges (nsenter, setpriv) would run the job's code as
+    root; only the session's program, as the job's user, gets it."""
+    marks = bin_dir / "marks"
+    src = bin_dir / "preload.c"
+    src.write_text(PRELOAD_C.replace("MARKS", str(marks)))
+    lib = bin_dir / "preload.so"
+    sh(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)])
+    lib.chmod(0o755)
+    host = fakehost_factory(ssh_sshd=str(bin_dir / "fake-sshd"))
+    host.publish_ad("slot1", "ClusterId = 74\nProcId = 0")
+    argv = host.job_argv("slot1", ["ssh-session", session_config("env1")])
+    argv[argv.index(str(HERE / "workload.py"))] = HOSTILE
+    argv.insert(argv.index("env") + 1, f"LD_PRELOAD={lib}")
+    argv.insert(argv.index("env") + 1, "LARK_SESSION_MARK=from-the-job")
+    cp = sh(argv, check=False, timeout=90)
+    answers = results(cp.stdout)["ssh-session"][-1]["answers"]
+    assert answers[1]["exit_code"] == 7, (cp.stdout, cp.stderr)
+    assert "mark=from-the-job" in cp.stdout, cp.stdout          # the session has the job's environment
+    euids = marks.read_text().split()
+    assert euids and "65534" in euids, euids                     # the preload ran, as the job's user
+    assert "0" not in euids, f"the job's LD_PRELOAD ran as root in larkd's session helpers: {euids}"
 
 
 def test_nobody_but_a_jobs_process_gets_a_session(fakehost_factory, bin_dir):
