@@ -445,6 +445,13 @@ class Larkd:
         finally:
             for fd in (*fds, env_fd):
                 os.close(fd)
+        try:
+            await self.loop.run_in_executor(self.pool, ssh_session.join_cgroups, who.pid, proc.pid)
+        except LarkError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+            raise
         self.session_netns[key] = rec.netns_inode   # its leftovers go when the job ends (release)
         log.info("ssh session of job %s on %s: sshd pid %d in its network namespace", rec.job_id, starter.slot,
                  proc.pid)

@@ -8,9 +8,9 @@ job's namespace as the wrapper's own uid and groups with no capabilities (nsente
 runs and again when it ends, and ends it when the wrapper goes (the starter ends a session by killing it).
 
 What this gives a job: it could already run any program as its user in its own namespace; larkd runs nothing as
-another uid, with any capability, or in any other namespace. The session is not in the job's cgroup (HTCondor's
-own sshd is not in the job's network either): its CPU and memory are not the job's, and the starter does not
-track its processes. So larkd ends the session's process group with the session, and when the job ends, every
+another uid, with any capability, or in any other namespace, and it joins the asker's cgroups (the job's) before it
+can start anything, so a job cannot use a session to run outside its limits. The starter does not track the
+session's processes, so larkd ends the session's process group with the session, and when the job ends, every
 process still in the job's namespace (what a session left running, e.g. `nohup`) is killed.
 """
 from __future__ import annotations
@@ -143,3 +143,54 @@ def environment_fd(env: dict[str, str]) -> int:
     os.write(fd, data)
     os.lseek(fd, 0, os.SEEK_SET)
     return fd
+
+
+def _cgroup_mounts() -> list[tuple[str, str, set[str]]]:
+    """(the cgroup at its root, mount point, its controllers) for every cgroup hierarchy larkd sees; cgroup2's
+    controllers are {""}."""
+    found = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            fstype, superopts = fields[sep + 1], fields[sep + 3]
+            if fstype == "cgroup2":
+                found.append((fields[3], fields[4], {""}))
+            elif fstype == "cgroup":
+                found.append((fields[3], fields[4], set(superopts.split(","))))
+    return found
+
+
+def _cgroups_of(pid: int) -> dict[str, str]:
+    """Hierarchy (its controllers as /proc/<pid>/cgroup names them; "" for cgroup2) -> the process's path there."""
+    groups = {}
+    with open(f"/proc/{pid}/cgroup") as f:
+        for line in f:
+            _, controllers, path = line.rstrip("\n").split(":", 2)
+            groups[controllers] = path
+    return groups
+
+
+def join_cgroups(asker: int, session: int) -> None:
+    """Put the session's process in every cgroup the asker is in (the job's, which HTCondor limits and kills at
+    the job's end), before it can start anything: else a job could run processes outside its own limits through a
+    session. Raises when a hierarchy where they differ cannot be joined."""
+    mounts = _cgroup_mounts()
+    now = _cgroups_of(session)
+    for controllers, path in _cgroups_of(asker).items():
+        if now.get(controllers) == path:
+            continue
+        wanted = set(controllers.split(",")) if controllers else {""}
+        mount = next(((root, mp) for root, mp, opts in mounts if wanted <= opts
+                      and (root == "/" or path == root or path.startswith(root + "/"))), None)
+        try:
+            if mount is None:
+                raise FileNotFoundError(f"no mount of the {controllers or 'cgroup2'} hierarchy shows {path}")
+            below = path[len(mount[0]):] if mount[0] != "/" else path
+            with open(os.path.join(mount[1], below.lstrip("/"), "cgroup.procs"), "w") as f:
+                f.write(str(session))
+        except OSError as e:
+            raise LarkError(f"cannot put the ssh session in the job's cgroup ({controllers or 'cgroup2'}:{path}): "
+                            f"{e}", obj=f"session pid {session}",
+                            fix="mount the cgroup hierarchies where larkd runs; the session then runs without "
+                                "the job's network") from None

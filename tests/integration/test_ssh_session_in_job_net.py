@@ -19,7 +19,8 @@ from test_security_daemon import HOSTILE, results, root_request, spawn_hostile
 FAKE_SSHD = """#!/bin/sh
 # stands in for sshd -i -e -f CONFIG: says where it runs, on the session's stdout
 echo "SESSION netns=$(readlink /proc/self/ns/net) uid=$(id -u) $(grep CapEff /proc/self/status | tr -d '\\t') \
-$(grep NoNewPrivs /proc/self/status | tr -d '\\t') mark=$LARK_SESSION_MARK args=$*"
+$(grep NoNewPrivs /proc/self/status | tr -d '\\t') mark=$LARK_SESSION_MARK \
+cg=$(grep ':memory:' /proc/self/cgroup | cut -d: -f3) args=$*"
 echo $$ > "$(dirname "$0")/sshd-$(basename "$(dirname "$4")").pid"
 case "$4" in
   *linger*) sleep 300;;
@@ -133,6 +134,39 @@ def test_the_jobs_environment_reaches_the_session_but_never_larkds_root_helpers(
     euids = marks.read_text().split()
     assert euids and "65534" in euids, euids                     # the preload ran, as the job's user
     assert "0" not in euids, f"the job's LD_PRELOAD ran as root in larkd's session helpers: {euids}"
+
+
+@pytest.fixture
+def job_cgroup():
+    """A memory cgroup of the test's own, below the test's, standing for the one HTCondor puts a job in."""
+    own = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup") if ":memory:" in line)
+    base = Path("/sys/fs/cgroup/memory") / own.lstrip("/")
+    if not (base / "cgroup.procs").exists():
+        pytest.skip("no cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
+    d = base / f"lark-test-{secrets.token_hex(3)}"
+    d.mkdir()
+    yield d, f"{own.rstrip('/')}/{d.name}"
+    for _ in range(100):   # empty once the job and its session have ended
+        try:
+            d.rmdir()
+            break
+        except OSError:
+            time.sleep(0.1)
+
+
+def test_a_session_runs_in_the_jobs_cgroup_not_larkds(fakehost_factory, bin_dir, job_cgroup):
+    """A job could ask for sessions itself (its own sshd config, its own descriptors) and run processes there: in
+    larkd's cgroup they would escape the limits HTCondor puts on the job's and its kill at the job's end."""
+    d, path = job_cgroup
+    host = fakehost_factory(ssh_sshd=str(bin_dir / "fake-sshd"))
+    host.publish_ad("slot1", "ClusterId = 75\nProcId = 0")
+    argv = host.job_argv("slot1", ["ssh-session", session_config("cg1")])
+    argv[argv.index(str(HERE / "workload.py"))] = HOSTILE
+    cp = sh(["sh", "-c", f'echo $$ > {d}/cgroup.procs && exec "$@"', "sh", *argv], check=False, timeout=90)
+    answers = results(cp.stdout)["ssh-session"][-1]["answers"]
+    assert answers[1]["exit_code"] == 7, (cp.stdout, cp.stderr)
+    session = next(line for line in cp.stdout.splitlines() if line.startswith("SESSION"))
+    assert f"cg={path} " in session, (session, path)
 
 
 def test_nobody_but_a_jobs_process_gets_a_session(fakehost_factory, bin_dir):
