@@ -15,7 +15,7 @@ import subprocess
 import time
 
 import pytest
-from condor import as_root, history, out_of, submit, testbed, wait_queue
+from condor import as_root, history, job, out_of, submit, testbed, wait_queue
 
 pytestmark = pytest.mark.e2e
 IMAGE = "/opt/lark-test/busybox"
@@ -30,22 +30,6 @@ a=$(t); n=$(wget -q -O - http://{world}:8000/10M.bin | wc -c); b=$(t)
 got=$(dd if=/dev/zero bs=100000 count={blocks} 2>/dev/null | nc {world} 7001); c=$(t)
 echo "$n $a $b $got $c"
 """ + IFACES
-# An HTCondor container job: the image is the EP's own (a directory is not sent), the script goes by file transfer.
-SUB = """universe = container
-container_image = {image}
-transfer_container = false
-executable = /bin/sh
-transfer_executable = false
-arguments = job.sh
-transfer_input_files = job.sh
-output = out.txt
-error = err.txt
-log = log.txt
-should_transfer_files = YES
-when_to_transfer_output = ON_EXIT
-{extra}
-queue
-"""
 
 
 def in_master_root(argv: list[str]) -> subprocess.CompletedProcess:
@@ -88,7 +72,10 @@ def container_job(name: str, image: str, script: str, extra: str = "") -> int:
     d = testbed.ROOT / "home/alice" / name
     d.mkdir(parents=True, exist_ok=True)
     (d / "job.sh").write_text(script)
-    return submit(name, SUB.format(image=image, extra=extra))
+    # the image is the EP's own (a directory is not sent)
+    return submit(name, job(exe="/bin/sh", args="job.sh", inputs=("job.sh",),
+                            extra=f"universe = container\ncontainer_image = {image}\ntransfer_container = false\n"
+                                  f"{extra}"))
 
 
 def lark_jobs() -> list:
