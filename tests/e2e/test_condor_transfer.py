@@ -149,6 +149,7 @@ def test_sandbox_transfer_of_100_mb_each_way_is_in_the_jobs_history(pool):
 # lands in /dev/null; when it is not a writable descriptor the starter dies with this message and the job restarts.
 # docs/admin.md, "Known HTCondor defects".
 STARTER_PIPE_DEFECT = 'ERROR "Unable to write into pipe."'
+SSH_ATTEMPTS = 4   # a CI run saw the defect twice in a row (06:04:05, 06:04:17), on consecutive starters of one job
 
 
 def starter_log_sizes() -> dict:
@@ -173,12 +174,13 @@ def test_condor_ssh_to_job_lands_in_the_jobs_own_network(pool):
     The job runs until the test puts a file in its scratch directory (at most 4 minutes), not for a fixed time: on
     a loaded machine a fixed 25 s ran out while the session was still connecting ("Connection closed").
     HTCondor's own defect (STARTER_PIPE_DEFECT) can kill the starter as it starts the sshd; the job then starts
-    again. The test then tries once more, and only an eviction with that exact starter message is let through:
-    every other restart, and any other failure of the session, still fails it."""
+    again. The test then tries again (SSH_ATTEMPTS in all), and only an eviction with that exact starter message is
+    let through: every other restart, and any other failure of the session, still fails it; when every attempt
+    met the defect, the test is skipped with it named."""
     c = submit("ssh-nat", job(exe="/bin/sh", args="-c 'i=0; while [ ! -e stop ] && [ $i -lt 240 ]; do sleep 1; "
                                                    "i=$((i+1)); done'"))
     defect_hits = 0
-    for _attempt in range(2):
+    for _attempt in range(SSH_ATTEMPTS):
         wait_queue(c, ["JobStatus"], lambda r: r[0] == "2", timeout=180)
         before = starter_log_sizes()
         cp = as_user(["condor_ssh_to_job", "-auto-retry", str(c),
@@ -186,7 +188,13 @@ def test_condor_ssh_to_job_lands_in_the_jobs_own_network(pool):
         if cp.returncode == 0 or not starter_hit_pipe_defect(before):
             break
         defect_hits += 1
-        # the starter died: wait for the job's next start before the second session
+        if defect_hits == SSH_ATTEMPTS:
+            # Lark's part (larkd's session in the job's namespace) was never reached; it is also covered without
+            # HTCondor by tests/integration/test_ssh_session_in_job_net.py.
+            as_user(["condor_rm", str(c)])
+            pytest.skip(f"HTCondor's starter died starting the session's sshd {defect_hits} times "
+                        f"({STARTER_PIPE_DEFECT}; docs/admin.md, 'Known HTCondor defects')")
+        # the starter died: wait for the job's next start before the next session
         deadline = time.time() + 180
         while time.time() < deadline and starts(c).get(0, []).count("execute") < 1 + defect_hits:
             time.sleep(2)
