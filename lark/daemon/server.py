@@ -9,6 +9,7 @@ import fcntl
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from typing import Any
@@ -439,19 +440,19 @@ class Larkd:
                 os.close(pidfd)
         env_fd = ssh_session.environment_fd(env)
         try:
+            join = ssh_session.CgroupJoin(ssh_session.cgroup_join_plan(who.pid))
             proc = await asyncio.create_subprocess_exec(
                 *command.argv(self.cfg.ssh_sshd, path, who.uid, who.gid, env_fd), stdin=fds[0], stdout=fds[1],
-                stderr=fds[2], env=ssh_session.ROOT_ENV, cwd=cwd, start_new_session=True, pass_fds=(env_fd,))
+                stderr=fds[2], env=ssh_session.ROOT_ENV, cwd=cwd, start_new_session=True, pass_fds=(env_fd,),
+                preexec_fn=join)
+        except subprocess.SubprocessError as e:
+            raise LarkError(f"cannot put the ssh session in the job's cgroups {list(join.files)}: {e}",
+                            job=rec.job_id, obj=f"pid {who.pid}",
+                            fix="mount the cgroup hierarchies read-write where larkd runs; the session then "
+                                "runs without the job's network") from None
         finally:
             for fd in (*fds, env_fd):
                 os.close(fd)
-        try:
-            await self.loop.run_in_executor(self.pool, ssh_session.join_cgroups, who.pid, proc.pid)
-        except LarkError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            await proc.wait()
-            raise
         self.session_netns[key] = rec.netns_inode   # its leftovers go when the job ends (release)
         log.info("ssh session of job %s on %s: sshd pid %d in its network namespace", rec.job_id, starter.slot,
                  proc.pid)

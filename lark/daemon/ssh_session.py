@@ -171,26 +171,43 @@ def _cgroups_of(pid: int) -> dict[str, str]:
     return groups
 
 
-def join_cgroups(asker: int, session: int) -> None:
-    """Put the session's process in every cgroup the asker is in (the job's, which HTCondor limits and kills at
-    the job's end), before it can start anything: else a job could run processes outside its own limits through a
-    session. Raises when a hierarchy where they differ cannot be joined."""
+def cgroup_join_plan(asker: int) -> tuple[str, ...]:
+    """The cgroup.procs files that put a child of larkd in every cgroup the asker is in (the job's, which HTCondor
+    limits and kills at the job's end), for the hierarchies where larkd's own differ. Raises when one cannot be
+    reached from larkd's mounts."""
     mounts = _cgroup_mounts()
-    now = _cgroups_of(session)
+    own = _cgroups_of(os.getpid())      # what larkd's children start in
+    files = []
     for controllers, path in _cgroups_of(asker).items():
-        if now.get(controllers) == path:
+        if own.get(controllers) == path:
             continue
         wanted = set(controllers.split(",")) if controllers else {""}
         mount = next(((root, mp) for root, mp, opts in mounts if wanted <= opts
                       and (root == "/" or path == root or path.startswith(root + "/"))), None)
-        try:
-            if mount is None:
-                raise FileNotFoundError(f"no mount of the {controllers or 'cgroup2'} hierarchy shows {path}")
-            below = path[len(mount[0]):] if mount[0] != "/" else path
-            with open(os.path.join(mount[1], below.lstrip("/"), "cgroup.procs"), "w") as f:
-                f.write(str(session))
-        except OSError as e:
+        if mount is None:
             raise LarkError(f"cannot put the ssh session in the job's cgroup ({controllers or 'cgroup2'}:{path}): "
-                            f"{e}", obj=f"session pid {session}",
+                            f"no mount of that hierarchy shows it", obj=f"pid {asker}",
                             fix="mount the cgroup hierarchies where larkd runs; the session then runs without "
-                                "the job's network") from None
+                                "the job's network")
+        below = path[len(mount[0]):] if mount[0] != "/" else path
+        files.append(os.path.join(mount[1], below.lstrip("/"), "cgroup.procs"))
+    return tuple(files)
+
+
+class CgroupJoin:
+    """Popen's preexec_fn: the forked session process moves itself into the job's cgroups before its first exec,
+    so nothing of the session ever runs in larkd's (moved by larkd after the start, its first steps and what they
+    fork would). Only system calls in the child; a failure there makes Popen raise and nothing is run."""
+
+    def __init__(self, files: tuple[str, ...]):
+        self.files = files
+
+    def __call__(self) -> None:
+        for path in self.files:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")      # "0": the writing process itself, in cgroup v1 and v2
+            finally:
+                os.close(fd)
+
+

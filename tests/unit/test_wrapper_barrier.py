@@ -29,6 +29,7 @@ class FakeLarkd:
         self.path, self.barrier, self.marker = path, barrier, marker
         self.pushes: list[dict] = []
         self.setups = 0
+        self.ssh_sessions: list[dict] = []
         self.sock: socket.socket | None = None
         self.thread: threading.Thread | None = None
 
@@ -57,6 +58,9 @@ class FakeLarkd:
             if self.barrier is not None:
                 fields["exit_barrier"] = self.barrier
             return protocol.ok(**fields)
+        if msg["op"] == "ssh_session":     # as larkd answers when the slot's job has no network (yet)
+            self.ssh_sessions.append(msg)
+            return protocol.error("this slot's job has no network (yet)")
         assert msg["op"] == "push", msg
         self.pushes.append({**msg, "job_done": bool(self.marker and self.marker.exists())})
         return protocol.ok(pushed=True)
@@ -173,17 +177,16 @@ def test_without_a_barrier_the_wrapper_becomes_the_program(tmp_path, larkd, barr
     assert fake.pushes == []
 
 
-def test_condor_ssh_to_job_sshd_runs_without_asking_larkd_and_nothing_else_does(tmp_path, larkd):
-    """The starter's sshd for condor_ssh_to_job comes through the wrapper in an empty netns of its own: larkd
-    would refuse a second namespace for the job, so the wrapper runs it there unnetworked. Only that exact shape
-    is recognised."""
+def test_condor_ssh_to_job_sshd_asks_larkd_and_runs_unnetworked_when_refused(tmp_path, larkd):
+    """The starter's sshd for condor_ssh_to_job comes through the wrapper in an empty netns of its own: the wrapper
+    asks larkd to run it in the job's namespace (ssh_session) and, when larkd refuses (no network yet), runs it
+    where it is, unnetworked, never asking for a setup. Only that exact shape is recognised."""
     from lark.job.wrapper import is_ssh_to_job_sshd
     cfg = "/var/lib/condor/execute/dir_1/scratch/.condor_ssh_to_job_1/sshd_config"
     assert is_ssh_to_job_sshd(["/usr/sbin/sshd", "-i", "-e", "-f", cfg])
     assert not is_ssh_to_job_sshd(["/usr/sbin/sshd", "-i", "-e", "-f", "/home/alice/sshd_config"])
     assert not is_ssh_to_job_sshd(["/usr/bin/python3", "-i", "-e", "-f", cfg])
     assert not is_ssh_to_job_sshd(["/usr/sbin/sshd", "-D", "-e", "-f", cfg])
-    # A stand-in "sshd" in the recognised shape runs without any request to larkd.
     fake = larkd()
     sshd = tmp_path / "sshd"
     sshd.write_text("#!/bin/sh\necho ran \"$@\"\n")
@@ -191,6 +194,7 @@ def test_condor_ssh_to_job_sshd_runs_without_asking_larkd_and_nothing_else_does(
     p = wrapper(tmp_path, str(sshd), "-i", "-e", "-f", cfg)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 0 and out.startswith("ran -i -e -f"), err
+    assert [m["argv"] for m in fake.ssh_sessions] == [[str(sshd), "-i", "-e", "-f", cfg]]
     assert fake.pushes == [] and not fake.setups
 
 
