@@ -113,6 +113,10 @@ class ControllerConfig:
     wan_tc_netns: str = ""
     # [metrics] address: Prometheus metrics over HTTP at "host:port" (lark.controller.metrics); "" = off
     metrics_address: str = ""
+    # [labels] mode (issue 26, lark.controller.labels): "off" = per-job flows on the core (about 5 a job); "vlan" = the
+    # EPs tag each job's frames with the label the registration answer gives, and the core's flows grow with EPs and
+    # policies only. Needs [ep.NAME] sections (the core binds each EP's port to its addresses) and EPs that tag.
+    labels_mode: str = "off"
 
     @property
     def attributes(self) -> list[str]:
@@ -180,6 +184,15 @@ class ControllerConfig:
         if (self.wan_groups or self.wan_unmatched == "drop") and not self.site_prefixes:
             raise bad("site_prefixes", "[[wan_group]] needs to know which destinations are not the WAN",
                       'set site_prefixes = ["10.77.0.0/16"] under [switch]')
+        if self.labels_mode not in ("off", "vlan"):
+            raise bad("labels.mode", f"{self.labels_mode!r} is not a label scheme",
+                      'use "off" (per-job flows) or "vlan"')
+        if self.labels_mode == "vlan" and not self.eps:
+            raise bad("labels.mode", 'mode = "vlan" binds each EP\'s switch port to its job addresses, and there is '
+                      "no [ep.NAME] section", 'add [ep.NAME] with ports and addresses for every EP, or mode = "off"')
+        if self.labels_mode == "vlan" and len(self.wan_ports) > 6:
+            raise bad("labels.mode", f"{len(self.wan_ports)} WAN ports: the label's 3 priority bits carry none, "
+                      "drop and at most 6 ports", 'list at most 6 wan_ports, or mode = "off"')
         names = set()
         for p in self.policies:
             where = f"policy {p.name!r}"
@@ -265,6 +278,7 @@ _SECTIONS = {
     "wan": {"unmatched": "wan_unmatched", "mechanism": "wan_mechanism", "ovsdb": "wan_ovsdb",
             "tc_netns": "wan_tc_netns"},
     "metrics": {"address": "metrics_address"},
+    "labels": {"mode": "labels_mode"},
 }
 
 
@@ -275,8 +289,8 @@ def from_mapping(data: dict, base_dir: str = ".") -> ControllerConfig:
             continue
         if section not in _SECTIONS or not isinstance(keys, dict):
             raise LarkError(f"unknown section [{section}]", obj="controller config",
-                            fix="use [openflow], [api], [switch], [wan], [metrics], [ep.NAME], [[policy]] and "
-                                "[[wan_group]] "
+                            fix="use [openflow], [api], [switch], [wan], [metrics], [labels], [ep.NAME], [[policy]] "
+                                "and [[wan_group]] "
                                 "(docs/controller.md)")
         for key, value in keys.items():
             if key not in _SECTIONS[section]:

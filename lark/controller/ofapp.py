@@ -22,7 +22,7 @@ from os_ken.lib import hub
 from os_ken.ofproto import ofproto_v1_3
 
 from ..errors import LarkError
-from . import certs, hairpin
+from . import certs, hairpin, labels
 from .config import ControllerConfig
 from .flows import Flow, base_flows
 from .model import BASE_COOKIE, COOKIE_TAG_MASK, JOB_COOKIE_TAG
@@ -108,8 +108,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
         assert CONFIG is not None and REGISTRY is not None, "start the app through `lark-controller run`"
         self.cfg = CONFIG
         self.registry = REGISTRY
-        self.base = (base_flows(self.cfg) + self.registry.wan.base_flows(self.cfg.site_prefixes)
-                     + hairpin.base_flows(self.cfg))
+        edge = labels.core_flows(self.cfg) if self.cfg.labels_mode == "vlan" else hairpin.base_flows(self.cfg)
+        self.base = base_flows(self.cfg) + self.registry.wan.base_flows(self.cfg.site_prefixes) + edge
         self.wan = make_limits(self, self.registry.wan)   # meters or queues, as [wan] mechanism says
         self.switches: dict[int, Switch] = {}
         self._waiters: dict[tuple[int, int], _Waiter] = {}
@@ -192,7 +192,8 @@ class LarkSwitchApp(app_manager.OSKenApp):
         # A WAN port that appears after the switch connected: the steering flows name it, so send them again.
         sw = self._accepted(ev.msg.datapath)
         name = ev.msg.desc.name.decode(errors="replace")
-        if sw is not None and sw.ready.is_set() and name in self.cfg.wan_ports:
+        labelled = self.cfg.labels_mode == "vlan" and any(name in s.ports for s in self.cfg.eps.values())
+        if sw is not None and sw.ready.is_set() and (name in self.cfg.wan_ports or labelled):
             hub.spawn(self._batch, sw, [(BASE_COOKIE, f, "base") for f in self.base], [])
         elif sw is not None and sw.ready.is_set() and name in self.cfg.ep_ports.values():
             # An EP's port: its hairpin flows (base and its jobs') name it, so send them again.
@@ -276,6 +277,10 @@ class LarkSwitchApp(app_manager.OSKenApp):
         elif kind == "goto":
             _, table, md, mask = f.action
             inst = ([p.OFPInstructionWriteMetadata(md, mask)] if mask else []) + [p.OFPInstructionGotoTable(table)]
+        elif kind == "pop_goto":         # label scheme (lark.controller.labels): untag, then as "goto"
+            _, table, md, mask = f.action
+            inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionPopVlan()]),
+                    p.OFPInstructionWriteMetadata(md, mask), p.OFPInstructionGotoTable(table)]
         elif kind == "normal":
             inst = [p.OFPInstructionActions(o.OFPIT_APPLY_ACTIONS, [p.OFPActionOutput(o.OFPP_NORMAL)])]
         elif kind in LIMIT_ACTIONS:   # WAN group limit (lark.controller.wan): meter or queue, then NORMAL or a port

@@ -8,7 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import LarkError
-from . import hairpin
+from . import hairpin, labels
 from .config import ControllerConfig
 from .flows import Decision, Flow, decide, job_flows, wan_port
 from .model import JobReg, OverQuota, Refused
@@ -24,12 +24,14 @@ class Entry:
     flows: list[Flow]
     cookie: int
     registered: float = field(default_factory=time.time)
+    label: tuple[int, int] | None = None    # [labels] mode = "vlan": (VLAN id, PCP) the EP tags the job's frames with
 
     def summary(self) -> dict:
         d = self.decision
         return {**self.job.to_dict(), "cookie": f"{self.cookie:#018x}", "flows": len(self.flows),
                 "blocked_by": d.blocked_by, "slice": d.slice_name, "wan_policy": d.wan_policy,
-                "registered": self.registered}
+                "registered": self.registered,
+                **({"label": {"vid": self.label[0], "pcp": self.label[1]}} if self.label is not None else {})}
 
 
 @dataclass
@@ -46,6 +48,10 @@ class Registry:
         self.wan = WanPlan(cfg.wan_groups, cfg.wan_unmatched, cfg.wan_mechanism, cfg.wan_ports)
         self._jobs: dict[tuple[str, str], Entry] = {}
         self._slices: dict[int, str] = {}      # slice id -> name, to refuse a (2^-32) hash collision
+        self._labelled = cfg.labels_mode == "vlan"
+        self._singling = {p.name for p in cfg.policies if labels.singles_out(p)}
+        self._vid_of: dict[str, int] = {}      # label scheme: slice name -> its VLAN id (kept while the process runs)
+        self._slice_of_vid: dict[int, str] = {}
         self._lock = threading.Lock()
         self.synced_eps: dict[str, float] = {}
         # MAC or address -> the job holding it: another EP's registration of either is refused (its flows would
@@ -107,12 +113,33 @@ class Registry:
                                 obj="per-user slices", fix="rename one of the slice policies (the id is a hash)")
         # into its group's WAN limit on the port its WAN traffic leaves by (issue 12)
         wan = self.wan.job_flows(job, wan_port(d)) if not d.blocked_by else []
+        if self._labelled:
+            # per-job entries only for a drop policy that singles out jobs (and WAN group limits, still per job)
+            own = job_flows(job, d, self._ports(job)) if d.blocked_by in self._singling else []
+            return Entry(job, d, own + wan, job.cookie, label=self._label(job, d))
         same_ep = hairpin.job_flows(job, self.cfg) if not d.blocked_by else []   # back to its isolated EP
         return Entry(job, d, job_flows(job, d, self._ports(job)) + wan + same_ep, job.cookie)
 
+    def _label(self, job: JobReg, d: Decision) -> tuple[int, int]:
+        """The job's (VLAN id, PCP): its slice's VLAN (allocated on first use, a stable hash first), COMMON_VID
+        without a slice, BLOCKED_VID when dropped; the PCP is its WAN action."""
+        if d.blocked_by:
+            return (labels.BLOCKED_VID, 0)
+        if not d.slice_name:
+            return (labels.COMMON_VID, d.wan_action)
+        vid = self._vid_of.get(d.slice_name)
+        if vid is None:
+            vid = next((v for v in labels.vid_probe(d.slice_name) if v not in self._slice_of_vid), None)
+            if vid is None:
+                raise Refused(f"all {len(self._slice_of_vid)} slice VLAN ids are in use", job=job.job_id,
+                              obj=f"slice {d.slice_name!r}", fix="fewer slices, or [labels] mode = \"off\"")
+            self._vid_of[d.slice_name], self._slice_of_vid[vid] = vid, d.slice_name
+        return (vid, d.wan_action)
+
     def _put(self, e: Entry, ch: Change) -> None:
         old = self._jobs.get(e.job.ident)
-        unchanged = old is not None and old.cookie == e.cookie and old.flows == e.flows
+        unchanged = (old is not None and old.cookie == e.cookie and old.flows == e.flows
+                     and old.label == e.label)
         if old is not None:
             self._drop(old.job.ident)
             if unchanged:

@@ -52,6 +52,8 @@ class Controller:
                 "wan_policy": d.wan_policy,
                 # larkd takes a dropped or WAN-dropped job's DNS away: its forwarder is on the EP, before this switch
                 "wan_drop": d.wan_action == WAN_DROP}
+        if entry.label is not None:   # [labels] mode = "vlan": the EP tags the job's frames with it
+            body["label"] = {"vid": entry.label[0], "pcp": entry.label[1]}
         if res["errors"] or not res["switches"]:
             # The job stays registered (a switch that connects later gets its flows); larkd decides whether a
             # job may start without them (controller_failure).

@@ -1,0 +1,141 @@
+"""The label scheme (issue 26, `[labels] mode = "vlan"`): core flows that grow with EPs and policies, not with jobs.
+
+The EP marks each job's frames on its uplink with the job's *label*, an 802.1Q tag the controller chose and returned
+in the registration answer: the VLAN id names the job's isolation domain (its slice; COMMON_VID when it has none;
+BLOCKED_VID when a drop policy selects it) and the priority bits (PCP) carry its WAN action (0 none, 1 drop, 2+i
+steer out wan_ports[i]). The EP does the per-job part locally (the job's port, MAC and address, anti-spoofing) and
+delivers a tagged frame from its uplink only to its jobs of that VLAN (edge_flows: what an EP switch runs). The core
+(core_flows) checks, per EP, that tagged frames come in by that EP's port with a source address in its range, drops
+the blocked VLAN, turns the PCP into the WAN metadata of the usual pipeline, and keeps the tag on frames to another
+job (NORMAL switches them within their VLAN, so they reach only jobs of the same slice) while it pops the tag on
+frames to anything else (hosts, the WAN: the untagged domain, which every job's port also receives).
+
+Flows on the core: per EP port, one per IPv4 network of its [ep.NAME] addresses (IP) and one more (ARP), one per
+IPv6 network; a constant number per WAN action used by the policies; and per-job entries only for a drop policy that
+singles out jobs (its `select` names a job identity attribute, SINGLING_ATTRS). docs/controller.md "Label scheme".
+"""
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import logging
+import re
+
+from .config import ControllerConfig, Policy
+from .model import JobReg
+from .pipeline import ETH_IP, ETH_IP6, T_SLICE, T_WAN, WAN_SHIFT, Flow
+
+log = logging.getLogger(__name__)
+ETH_ARP = 0x0806
+VID_PRESENT = 0x1000                  # OFPVID_PRESENT: matches any tagged frame with the mask below
+ANY_TAG = (VID_PRESENT, VID_PRESENT)
+COMMON_VID = 1                        # a job in no slice: its frames join the untagged domain at the core
+BLOCKED_VID = 4094                    # a job a drop policy selects: dropped from every port
+FIRST_SLICE_VID, LAST_SLICE_VID = 2, 4093   # 4,092 slices at most
+MAX_PCP = 7
+# priorities: table 0 (per EP) and table 1 (per WAN action); above the per-job mode's, below a singled-out drop (400)
+P_EP_SOURCE = 320
+P_TAGGED_FOREIGN = 310                # a tagged frame no EP's port and range vouch for
+P_BLOCKED, P_COMMON, P_TO_JOB, P_OFF_JOB, P_BAD_PCP = 500, 470, 460, 450, 440
+SINGLING_ATTRS = ("LarkJobId", "GlobalJobId", "ClusterId", "ProcId", "JobId")
+_SINGLING_RE = re.compile(r"\b(" + "|".join(SINGLING_ATTRS) + r")\b", re.IGNORECASE)
+
+
+def singles_out(p: Policy) -> bool:
+    """Whether a policy picks individual jobs (its expression names a job identity attribute) rather than owners,
+    groups or EPs: only such a drop policy gets per-job entries on the core."""
+    return bool(_SINGLING_RE.search(p.select))
+
+
+def vid_probe(slice_name: str):
+    """The VLAN ids a slice tries, in order: a stable hash first (the same on every controller), then the next ones."""
+    span = LAST_SLICE_VID - FIRST_SLICE_VID + 1
+    start = int.from_bytes(hashlib.blake2b(slice_name.encode(), digest_size=4).digest(), "big") % span
+    for i in range(span):
+        yield FIRST_SLICE_VID + (start + i) % span
+
+
+def wan_actions(cfg: ControllerConfig) -> list[int]:
+    """The WAN actions (PCP values) the policies can give a job: 0 always, then drop and each steered port."""
+    acts = {0}
+    for p in cfg.policies:
+        if p.kind == "wan_drop":
+            acts.add(1)
+        elif p.kind == "wan_steer":
+            acts.add(2 + cfg.wan_ports.index(p.port))
+    return sorted(acts)
+
+
+def _net(n: ipaddress.IPv4Network | ipaddress.IPv6Network) -> tuple[str, str]:
+    return (str(n.network_address), str(n.netmask))
+
+
+def core_flows(cfg: ControllerConfig) -> list[Flow]:
+    """The label scheme's flows on the core (added to flows.base_flows; the same on every switch)."""
+    flows: list[Flow] = []
+    for name in sorted(cfg.eps):
+        scope = cfg.eps[name]
+        for port in scope.ports:
+            at = (("in_port", port), ("vlan_vid", ANY_TAG))
+            for n in scope.networks:
+                if n.version == 4:
+                    flows += [Flow(0, P_EP_SOURCE, (*at, ("eth_type", ETH_IP), ("ipv4_src", _net(n))),
+                                   ("goto", T_SLICE, 0, 0)),
+                              Flow(0, P_EP_SOURCE, (*at, ("eth_type", ETH_ARP), ("arp_spa", _net(n))),
+                                   ("goto", T_SLICE, 0, 0))]
+                else:
+                    flows.append(Flow(0, P_EP_SOURCE, (*at, ("eth_type", ETH_IP6), ("ipv6_src", _net(n))),
+                                      ("goto", T_SLICE, 0, 0)))
+    flows.append(Flow(0, P_TAGGED_FOREIGN, (("vlan_vid", ANY_TAG),), ("drop",)))
+    flows.append(Flow(T_SLICE, P_BLOCKED, (("vlan_vid", VID_PRESENT | BLOCKED_VID),), ("drop",)))
+    job_nets = [ipaddress.ip_network(n) for scope in cfg.eps.values() for n in scope.networks]
+    job_nets = list(ipaddress.collapse_addresses([n for n in job_nets if n.version == 4])) + list(
+        ipaddress.collapse_addresses([n for n in job_nets if n.version == 6]))
+    for a in wan_actions(cfg):
+        md = ("goto", T_WAN, a << WAN_SHIFT, 0xFF << WAN_SHIFT)
+        flows.append(Flow(T_SLICE, P_COMMON, (("vlan_vid", VID_PRESENT | COMMON_VID), ("vlan_pcp", a)),
+                          ("pop_goto", *md[1:])))
+        for n in job_nets:
+            if n.version == 4:
+                flows += [Flow(T_SLICE, P_TO_JOB, (("vlan_vid", ANY_TAG), ("vlan_pcp", a), ("eth_type", ETH_IP),
+                                                  ("ipv4_dst", _net(n))), md),
+                          Flow(T_SLICE, P_TO_JOB, (("vlan_vid", ANY_TAG), ("vlan_pcp", a), ("eth_type", ETH_ARP),
+                                                  ("arp_tpa", _net(n))), md)]
+            else:
+                flows.append(Flow(T_SLICE, P_TO_JOB, (("vlan_vid", ANY_TAG), ("vlan_pcp", a), ("eth_type", ETH_IP6),
+                                                     ("ipv6_dst", _net(n))), md))
+        flows.append(Flow(T_SLICE, P_OFF_JOB, (("vlan_vid", ANY_TAG), ("vlan_pcp", a)), ("pop_goto", *md[1:])))
+    flows.append(Flow(T_SLICE, P_BAD_PCP, (("vlan_vid", ANY_TAG),), ("drop",)))   # a WAN action no policy gives
+    return flows
+
+
+def edge_flows(jobs: list[tuple[JobReg, int, int, str]], uplink: str) -> list[str]:
+    """What an EP's own switch runs for its jobs, as `ovs-ofctl add-flows` lines (OpenFlow 1.3): `jobs` are
+    (job, vid, pcp, the job's port) as the controller answered. Up: only the job's own MAC and addresses, tagged with
+    its label, go out the uplink (a blocked job's too: the core drops its VLAN); anything else from its port is dropped
+    (the EP's per-job anti-spoofing). Down: a frame tagged with a job's VLAN reaches it untagged, an untagged frame
+    reaches every job but a blocked one, and nothing reaches a blocked job."""
+    out: list[str] = []
+    bcast: dict[int, list[str]] = {}
+    for job, vid, pcp, port in jobs:
+        push = f"push_vlan:0x8100,set_field:{VID_PRESENT | vid}->vlan_vid,set_field:{pcp}->vlan_pcp,output:{uplink}"
+        for a in job.ipv4:
+            out += [f"priority=300,in_port={port},dl_src={job.mac},ip,nw_src={a},actions={push}",
+                    f"priority=300,in_port={port},dl_src={job.mac},arp,arp_spa={a},actions={push}"]
+        for a in job.ipv6:
+            out.append(f"priority=300,in_port={port},dl_src={job.mac},ipv6,ipv6_src={a},actions={push}")
+        out.append(f"priority=100,in_port={port},actions=drop")
+        if vid == BLOCKED_VID:
+            continue   # up tagged as blocked (the core drops it there too), nothing down
+        out += [f"priority=300,in_port={uplink},dl_vlan={vid},dl_dst={job.mac},actions=pop_vlan,output:{port}",
+                f"priority=300,in_port={uplink},vlan_tci=0x0000/0x1000,dl_dst={job.mac},actions=output:{port}"]
+        bcast.setdefault(vid, []).append(port)
+    for vid, ports in sorted(bcast.items()):
+        out.append(f"priority=200,in_port={uplink},dl_vlan={vid},dl_dst=01:00:00:00:00:00/01:00:00:00:00:00,"
+                   f"actions=pop_vlan,{','.join(f'output:{p}' for p in ports)}")
+    every = [p for ports in bcast.values() for p in ports]
+    if every:
+        out.append(f"priority=200,in_port={uplink},vlan_tci=0x0000/0x1000,dl_dst=01:00:00:00:00:00/01:00:00:00:00:00,"
+                   f"actions={','.join(f'output:{p}' for p in every)}")
+    out.append("priority=0,actions=drop")
+    return out
