@@ -17,7 +17,9 @@ Phases:
 
 Environment: BENCH_EPS (1000), BENCH_RATE (2000), BENCH_SECONDS (10), BENCH_JOBS (100000), BENCH_CLIENTS (2),
 BENCH_WORKERS ([api] workers; the controller's default), BENCH_KEEP=1 (keep the controller's and OVS's logs),
-BENCH_PLAIN_OPENFLOW=1 (diagnosis: OpenFlow over plain TCP). Root; not part of `make test`; ~1.5 min here.
+BENCH_PLAIN_OPENFLOW=1 (diagnosis: OpenFlow over plain TCP), BENCH_LABELS=1 (the label scheme, `[labels] mode = "vlan"`:
+each simulated EP gets an [ep.NAME] section with its address range and a switch port of its own, a patch port to a
+second bridge, so the core's per-EP flows are really installed). Root; not part of `make test`; ~1.5 min here.
 Figures and what they mean: docs/controller.md, "Capacity".
 Prints a table, the goals with met/missed, then one line:
 `jobs=... flows_total=... reg_per_s=... reg_p99_ms=... resync_s=... rss_mb=...`.
@@ -53,11 +55,21 @@ CLIENTS = int(os.environ.get("BENCH_CLIENTS", "2"))
 WORKERS = os.environ.get("BENCH_WORKERS", "")    # [api] workers; "" = the controller's default
 KEEP = os.environ.get("BENCH_KEEP", "") == "1"   # keep the pool's directory (controller and OVS logs)
 PLAIN_OF = os.environ.get("BENCH_PLAIN_OPENFLOW", "") == "1"   # diagnosis only: OpenFlow over plain TCP
+LABELS = os.environ.get("BENCH_LABELS", "") == "1"
 GOALS = {"reg_per_s": (">=", 2000.0), "reg_p99_ms": ("<=", 20.0), "resync_s": ("<=", 10.0), "rss_mb": ("<=", 500.0)}
 
 
 def ep_name(e: int) -> str:
     return f"sep{e:04d}"
+
+
+def ep_port(e: int) -> str:
+    return f"sp{e:04d}"
+
+
+def ep_network(e: int) -> ipaddress.IPv4Network:
+    """EP e's job addresses (job() numbers its jobs from e * 4096)."""
+    return ipaddress.IPv4Network((0x0A800000 + e * 4096, 20))
 
 
 def job(e: int, j: int) -> dict:
@@ -190,6 +202,19 @@ class CapacityPool(SdnPool):
         self.cfg_path.write_text(self.cfg_path.read_text().replace(
             "[api]\n", f"[api]\nmax_jobs_per_ep = {max(4096, per_ep)}\nmax_handshakes = 512\n"
                         + (f"workers = {int(WORKERS)}\n" if WORKERS else ""), 1))
+        if LABELS:
+            # every EP's port on the core before the controller starts (the switch connects with all of them)
+            args = ["add-br", "epside", "--", "set", "bridge", "epside", "datapath_type=netdev", "fail_mode=secure"]
+            for e in range(EPS):
+                a, b = ep_port(e), f"sq{e:04d}"
+                args += ["--", "add-port", BRIDGE, a, "--", "set", "interface", a, "type=patch", f"options:peer={b}",
+                         "--", "add-port", "epside", b, "--", "set", "interface", b, "type=patch",
+                         f"options:peer={a}"]
+            self.ovs.vsctl(*args)
+            with open(self.cfg_path, "a") as f:
+                f.write('[labels]\nmode = "vlan"\n' + "".join(
+                    f'[ep.{ep_name(e)}]\nports = ["{ep_port(e)}"]\naddresses = ["{ep_network(e)}"]\n'
+                    for e in range(EPS)))
 
     def start_controller(self) -> None:
         with open(self.log_path, "a") as out:
@@ -310,7 +335,8 @@ def main() -> int:
         ("flows on the switch", f"{flows}"),
     ]
     print(f"lark-controller capacity: real controller, OVS {BRIDGE} (userspace datapath), OpenFlow and API over TLS; "
-          "simulated EPs in client processes on the same shared 2-vCPU machine")
+          "simulated EPs in client processes on the same shared 2-vCPU machine; flows: "
+          + ("label scheme ([labels] mode = vlan, an [ep.NAME] and a switch port per EP)" if LABELS else "per job"))
     for name, v in rows:
         print(f"{name:<64} {v:>22}")
     for e in errors[:5]:
