@@ -120,6 +120,17 @@ def test_owner_policies_hold_with_label_flows_and_per_job_entries_only_where_a_p
     # the core's own label flows: 2 per EP port (IPv4, ARP) and a constant number more, survived reconciliation
     mine = [f for f in pool.flows() if "dl_vlan" in f or "vlan_tci" in f]
     assert len([f for f in mine if "arp_spa=" in f or "nw_src=" in f]) == 4, mine
+    # a restarted controller finds its label flows as it configures them (its reconciliation removes none)
+    def base():   # the controller's own flows (the jobs' come back with their EPs' resync, not made here)
+        return sorted(f.split(" priority=")[1].split(" ")[0] + " " + f.split(" actions=")[1] for f in pool.flows()
+                      if "cookie=0x4c41524b00000000" in f)
+    before = base()
+    pool.kill_controller()
+    pool.start_controller()
+    pool.wait_switch()
+    assert "no longer configured" not in pool.log()
+    assert base() == before and len(before) > 20
+    assert pool.connects("alice1", ip("alice2")) and not pool.connects("bob", ip("alice2"))
 
 
 def test_a_label_from_the_wrong_port_is_dropped(pool):
