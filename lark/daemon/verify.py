@@ -1,8 +1,9 @@
 """`lark status --verify`, CNI's CHECK: each ready job's kernel objects against its record, read-only.
 
-The checks themselves are the `verify*` functions next to the code that makes each object (netns, links, shaping,
-the attach mode, the job netns filter, the firewall driver), so what is checked follows what setup builds; this
-module walks one job through them in setup's order and turns what they found into rows for the admin.
+Each resource's `check` (lark/daemon/resources.py, calling the `verify*` functions next to the kernel code that
+makes each object) reads its object back; the job's profile names which, the same list setup builds from. This
+module opens the job's netns by its name (itself the first check), runs them, and turns what they found into rows
+for the admin.
 """
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from ..kernel import links, netns, scitags, shaping
+from ..kernel import netns
 from ..kernel.drift import Finding, drifted
-from ..kernel.firewall import job_netns
-from ..names import JobNames
 from ..plan import JobNetwork
 from .jobnet import JobNetworker
+from .profiles import NETWORKED
+from .resources import CheckCtx
 
 log = logging.getLogger(__name__)
 # larkd rebuilds nothing under a running job (the job would see its network change under it): the job gets a new
@@ -67,31 +68,12 @@ def _verify_network(net: JobNetworker, key: str, ns_fd: int | None, nipr: IPRout
     job = JobNetwork.from_dict(rec.plan)
     if not job.has_network:
         return []   # NetworkType none: the namespace with lo up, nothing else
-    n: JobNames = net.names(key)
-    mode = net.modes.get(job.network_type)
+    profile = net.profiles.get(job.network_type)
     with IPRoute() as ipr:
-        found, host_idx, job_idx = links.verify_veth(ipr, n.host_if, nipr, n.job_if)
-        if nipr is not None and job_idx is not None:
-            for address, prefix, gateway in ((job.ipv4, job.ipv4_prefix, job.gateway4),
-                                             (job.ipv6, job.ipv6_prefix, job.gateway6)):
-                if address:
-                    found += links.verify_job_address(nipr, job_idx, n.job_if, address, prefix, gateway)
-        with net.fair.lock:   # a fair-share rebalance moves limits and records together
-            mbit = rec.plan.get("rate_limit_mbit")
-            if mbit:
-                found += shaping.verify(ipr, host_idx, n.host_if, nipr, job_idx, n.job_if,
-                                        shaping.limit_for(mbit, rec.job_id))
-        if mode is None:
-            found.append(drifted(f"network type {job.network_type}", "this larkd's configuration no longer offers it",
-                                 "the configuration changed under a running job; nothing else was checked for it"))
-        elif host_idx is not None:
-            found += mode.verify(ipr, host_idx, job, n)
-    if ns_fd is not None and mode is not None:
-        found += job_netns.verify(ns_fd, block_inbound=not job.inbound, dhcpv6_client=net._dhcpv6(job.plan, mode))
-        if job.plan.scitag:
-            found += scitags.verify(ns_fd, job.plan.scitag, fireflies=bool(net.cfg.scitags_collector))
-    found += net.fw.verify_job(job, n)
-    return found
+        ctx = CheckCtx(key, net.names(key), rec, job, profile, ipr, nipr, ns_fd)
+        # A mode no longer offered: what every networked job has is still checked (its attach step says why
+        # the rest is not).
+        return net.engine.check(ctx, profile.resources if profile else NETWORKED)
 
 
 def report(checks: list[JobCheck | None]) -> dict:

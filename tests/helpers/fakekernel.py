@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 from lark.config import Config
 from lark.daemon import jobnet as jobnet_mod
+from lark.daemon import resources as resources_mod
 from lark.daemon import sweep as sweep_mod
 from lark.daemon import verify as verify_mod
 from lark.daemon.jobnet import JobNetworker
@@ -185,17 +186,21 @@ def fake_networker(tmp: str, monkeypatch, **cfg_overrides) -> tuple[JobNetworker
     cfg = Config(run_dir=os.path.join(tmp, "run"), state_dir=os.path.join(tmp, "state"),
                  netns_dir=os.path.join(tmp, "netns"), subnet="10.77.0.0/29", **cfg_overrides).validate()
     os.makedirs(cfg.netns_dir)
-    for mod in (jobnet_mod, sweep_mod, verify_mod):
-        monkeypatch.setattr(mod, "netns", _fake_netns(k))
-        monkeypatch.setattr(mod, "links", _fake_links(k))
-    monkeypatch.setattr(sweep_mod, "IPRoute", contextlib.nullcontext)
-    monkeypatch.setattr(verify_mod, "IPRoute", contextlib.nullcontext)
-    monkeypatch.setattr(verify_mod.shaping, "verify", lambda *a: [present("tc htb")])
-    monkeypatch.setattr(verify_mod.job_netns, "verify", lambda *a, **kw: [present("job netns filter")])
-    monkeypatch.setattr(jobnet_mod.shaping, "apply", lambda *a: k.step("shaping.apply"))
-    monkeypatch.setattr(jobnet_mod.job_netns, "secure", lambda *a, **kw: k.step("job_netns.secure"))
-    monkeypatch.setattr(jobnet_mod, "mtu", SimpleNamespace(for_job=lambda ipr, cfg, network_type: cfg.job_mtu or 1500))
-    monkeypatch.setattr(jobnet_mod.dns, "setup_job", lambda *a: k.step("dns.setup_job"))
+    fake_netns, fake_links = _fake_netns(k), _fake_links(k)
+    for mod in (jobnet_mod, resources_mod, sweep_mod, verify_mod):
+        for name, fake in (("netns", fake_netns), ("links", fake_links)):
+            if hasattr(mod, name):
+                monkeypatch.setattr(mod, name, fake)
+    for mod in (sweep_mod, verify_mod, resources_mod):
+        if hasattr(mod, "IPRoute"):
+            monkeypatch.setattr(mod, "IPRoute", contextlib.nullcontext)
+    monkeypatch.setattr(resources_mod.shaping, "verify", lambda *a: [present("tc htb")])
+    monkeypatch.setattr(resources_mod.job_netns, "verify", lambda *a, **kw: [present("job netns filter")])
+    monkeypatch.setattr(resources_mod.shaping, "apply", lambda *a: k.step("shaping.apply"))
+    monkeypatch.setattr(resources_mod.job_netns, "secure", lambda *a, **kw: k.step("job_netns.secure"))
+    monkeypatch.setattr(resources_mod, "mtu",
+                        SimpleNamespace(for_job=lambda ipr, cfg, network_type: cfg.job_mtu or 1500))
+    monkeypatch.setattr(resources_mod.dns, "setup_job", lambda *a: k.step("dns.setup_job"))
     fw = FakeFirewall(cfg, k)
     net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
                        FinishedStore(os.path.join(cfg.state_dir, "finished")))

@@ -6,7 +6,6 @@ import socket
 
 from helpers.fakekernel import fake_networker
 
-from lark.daemon import jobnet
 from lark.kernel import dhcp
 from lark.kernel.firewall import job_netns
 from lark.plan import NetworkPlan
@@ -24,7 +23,7 @@ def test_the_guard_is_in_the_job_netns_table_with_and_without_the_inbound_filter
 def test_setup_puts_the_guard_in_every_job_netns_inbound_or_not(tmp_path, monkeypatch):
     net, _ = fake_networker(str(tmp_path), monkeypatch)
     seen: list[tuple[str, dict]] = []
-    monkeypatch.setattr(jobnet.job_netns, "secure", lambda fd, job, **kw: seen.append((job, kw)))
+    monkeypatch.setattr(job_netns, "secure", lambda fd, job, **kw: seen.append((job, kw)))
     for key, inbound in (("slot1", True), ("slot2", False)):
         net.setup(NetworkPlan(job_id=f"{key}.0", slot=key, key=key, inbound=inbound), os.getpid(), 1, os.getpid(),
                   99)

@@ -62,7 +62,7 @@ def test_teardown_goes_on_past_a_failing_firewall_and_reports_every_error(tmp_pa
     assert net.records.load("slot1").phase == "tearing-down"
     k.fail.clear()
     actions = sweep(net, keep=set(), others=[])
-    assert actions == ["slot1: record, nftables rules, nat port"]
+    assert actions == ["slot1: record, nat port, nftables rules"]
     assert k.of_key("slot1") == set() and net.records.keys() == []
 
 
@@ -84,8 +84,8 @@ def test_sweep_removes_orphans_of_both_firewall_backends_and_keeps_live_jobs(tmp
     k.objects |= {("fw:iptables", "old"), ("fw:iptables", "base"), ("link", "lk-stray"),
                   ("link", "lk-not-a-key-at-all")}
     found = find_orphans(net, keep={"live"}, others=[other])
-    assert found == {"dead": ["record", "netns lark-dead", "link lk-dead", "nftables rules", "nat port",
-                              "IPv4 addresses lock 10.77.0.3"],
+    assert found == {"dead": ["record", "netns lark-dead", "IPv4 addresses lock 10.77.0.3", "link lk-dead",
+                              "nat port", "nftables rules"],
                      "old": ["iptables rules"], "stray": ["link lk-stray"]}
     before = set(k.objects)
     assert sweep(net, keep={"live"}, dry_run=True, others=[other])[0].startswith("dead: record")
