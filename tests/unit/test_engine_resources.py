@@ -153,3 +153,26 @@ def test_profiles_carry_what_the_orchestrator_used_to_branch_on(tmp_path):
     assert not nat.bridged and not nat.counts_by_link and not nat.bridge_table
     assert "dhcp-lease" not in nat.resources and nat.resources == NETWORKED
     assert profiles["none"].mode is None and profiles["none"].resources == ("netns", "job-side")
+
+
+# The real list on the fake kernel (tests/helpers/fakekernel.py): a failure at any step leaves nothing.
+
+@pytest.mark.parametrize("step", ["netns.attach", "links.create_veth", "mode.attach", "links.bring_up",
+                                  "dns.setup_job", "shaping.apply", "job_netns.secure", "nftables.add_job"])
+def test_a_failure_at_any_step_of_a_nat_job_leaves_nothing_behind(tmp_path, monkeypatch, step):
+    import os
+
+    from helpers.fakekernel import fake_networker
+
+    from lark.errors import LarkError
+    from lark.plan import NetworkPlan
+
+    net, k = fake_networker(str(tmp_path), monkeypatch)
+    k.fail.add(step)
+    with pytest.raises(LarkError, match=f"job 7.0: slot slot1: setup failed: injected failure of {step}"):
+        net.setup(NetworkPlan(job_id="7.0", slot="slot1", key="slot1", inbound=True, rate_limit_mbit=10.0),
+                  os.getpid(), 1, os.getpid(), 99)
+    assert step in k.calls
+    assert k.of_key("slot1") == set() and net.records.keys() == []
+    assert list(net.modes["nat"].pool.entries()) == [] and list(net.ports.entries()) == []
+    assert net.engine.keys() == {}  # gc finds nothing either
