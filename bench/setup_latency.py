@@ -215,19 +215,25 @@ def start_ovs(tmp: str):
     return PrivateOVS(f"{tmp}/ovs", me).start()
 
 
-def main() -> int:
-    if "--inner" in sys.argv:
-        inner()
-        return 0
-    ns = f"lark-bench-host-{secrets.token_hex(3)}"
+def in_private_host(argv: list[str], prefix: str = "lark-bench-host") -> int:
+    """Run `argv` in a private "host" netns with an uplink `up0` (up), made here and removed at the end; its name
+    is in LARK_BENCH_NETNS."""
+    ns = f"{prefix}-{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         subprocess.run(["ip", "-n", ns, "link", "add", "up0", "type", "veth", "peer", "name", "up0p"], check=True)
         subprocess.run(["ip", "-n", ns, "link", "set", "up0", "up"], check=True)
-        return subprocess.run(["nsenter", f"--net=/run/netns/{ns}", sys.executable, __file__, "--inner"],
+        return subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *argv],
                               env={**os.environ, "LARK_BENCH_NETNS": ns}).returncode
     finally:
         subprocess.run(["ip", "netns", "del", ns])
+
+
+def main() -> int:
+    if "--inner" in sys.argv:
+        inner()
+        return 0
+    return in_private_host([sys.executable, __file__, "--inner"])
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ import contextlib
 import ipaddress
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable
 
 from ..errors import LarkError
-from ..statefiles import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +25,8 @@ class LockPool:
         self.size = size
         self.what = what
         os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        self._hint_fd: int | None = None
+        self._hint_lock = threading.Lock()
 
     def _path(self, item: str) -> str:
         return os.path.join(self.dir, item)
@@ -35,6 +37,17 @@ class LockPool:
                 return int(f.read().strip())
         except (OSError, ValueError):
             return -1
+
+    def _remember(self, i: int) -> None:
+        """Where the next search starts, for this process and the next larkd. Overwritten in place, fixed width,
+        on a descriptor kept open: a rename per reservation (atomic_write) cost ~0.2 ms of each job's setup, and
+        a reader never sees a mix of two hints (one write of 12 bytes at offset 0) nor a partial one that parses
+        (at worst the search starts elsewhere: O_EXCL keeps reservations unique whatever the hint says)."""
+        with self._hint_lock:
+            if self._hint_fd is None:
+                self._hint_fd = os.open(self._path(".last"), os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                        0o600)
+            os.pwrite(self._hint_fd, f"{i:<11}\n".encode(), 0)
 
     def reserve(self, owner: str, job: str | None = None) -> str:
         # No scan for an existing reservation of `owner`: reading every lock costs milliseconds per setup with
@@ -49,7 +62,7 @@ class LockPool:
                 continue
             with os.fdopen(fd, "w") as f:
                 f.write(owner)
-            atomic_write(self._path(".last"), str(i))
+            self._remember(i)
             return item
         raise LarkError(f"no free {self.what} left ({self.size} in the pool, all reserved)", job=job,
                         obj=f"pool {self.dir}", fix="run `lark gc` to reclaim leaked ones or enlarge the pool")

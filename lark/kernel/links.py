@@ -10,7 +10,10 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from ..errors import LarkError
+from . import rtnl
 from .drift import Finding, drifted, present
+from .netns import JobNetlink
+from .rtnl import Rtnl
 
 log = logging.getLogger(__name__)
 RTNH_F_ONLINK = 4
@@ -45,12 +48,34 @@ def bring_up_job_side(nipr: IPRoute, job_if: None) -> None: ...
 def bring_up_job_side(nipr: IPRoute, job_if: str | None) -> int | None:
     """`lo` and the job's device up (inside the job's netns); the device's index, or None without one."""
     # A new netns always has lo as index 1: one netlink round trip saved per job.
+    raw = _raw(nipr)
+    if raw is not None:  # larkd's setup: the raw socket of netns.netlink_in (~0.2 ms less per request)
+        raw.link_up(1)
+        if not job_if:
+            return None
+        idx = raw.link_index(job_if)
+        raw.link_up(idx)
+        return idx
     nipr.link("set", index=1, state="up")
     if not job_if:
         return None
     idx = nipr.link_lookup(ifname=job_if)[0]
     nipr.link("set", index=idx, state="up")
     return idx
+
+
+def _raw(nipr: IPRoute) -> Rtnl | None:
+    """The raw rtnetlink socket beside a job netns's IPRoute when netns.netlink_in made it (in the same netns)."""
+    return nipr.rtnl if isinstance(nipr, JobNetlink) else None
+
+
+def host_rtnl(ipr: IPRoute) -> Rtnl | None:
+    """A raw rtnetlink socket in the same netns as `ipr` (larkd's host IPRoute), or None (then use `ipr`)."""
+    if isinstance(ipr, JobNetlink):
+        return ipr.rtnl
+    if isinstance(ipr, IPRoute):
+        return rtnl.beside(ipr.fileno())
+    return None
 
 
 BR_STATE_FORWARDING = 3
@@ -81,6 +106,12 @@ def wait_bridge_port_forwarding(ipr: IPRoute, idx: int, job: str, timeout: float
 
 
 def add_job_address(nipr: IPRoute, idx: int, job_ip: str, prefix: int, gateway: str | None) -> None:
+    raw = _raw(nipr)
+    if raw is not None:
+        raw.addr_add(idx, job_ip, prefix)
+        if gateway:
+            raw.default_route_add(gateway, idx, RTNH_F_ONLINK)
+        return
     nipr.addr("add", index=idx, address=job_ip, prefixlen=prefix)
     if gateway:
         # onlink: the gateway sits on the other end of the veth (or on the bridged network), no host route needed.
@@ -89,6 +120,12 @@ def add_job_address(nipr: IPRoute, idx: int, job_ip: str, prefix: int, gateway: 
 
 def add_job_address6(nipr: IPRoute, idx: int, ip6: str, prefix6: int, gateway6: str | None) -> None:
     """IPv6 address without duplicate address detection, and a default route onlink via the gateway."""
+    raw = _raw(nipr)
+    if raw is not None:
+        raw.addr_add(idx, ip6, prefix6, IFA_F_NODAD)
+        if gateway6:
+            raw.default_route_add(gateway6, idx, RTNH_F_ONLINK)
+        return
     nipr.addr("add", index=idx, address=ip6, prefixlen=prefix6, flags=IFA_F_NODAD)
     if gateway6:
         nipr.route("add", dst="::/0", gateway=gateway6, oif=idx, flags=RTNH_F_ONLINK, family=10)

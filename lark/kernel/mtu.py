@@ -10,25 +10,44 @@ else its device). `job_mtu` overrides all of it.
 """
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 
 from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
 from ..config import Config
+from .links import host_rtnl
 
 log = logging.getLogger(__name__)
 DEFAULT = 1500
 
 
 def device_mtu(ipr: IPRoute, ifname: str) -> int | None:
-    idx = ipr.link_lookup(ifname=ifname) if ifname else []
-    if not idx:
+    if not ifname:
         return None
-    return ipr.get_links(idx[0])[0].get_attr("IFLA_MTU")
+    raw = host_rtnl(ipr)  # raw rtnetlink where it is in ipr's netns: ~0.01 ms a request against pyroute2's ~0.3
+    try:  # one request by name (a lookup of the index, then a get by index, took two)
+        if raw is not None:
+            return raw.link_mtu(ifname=ifname)
+        return ipr.link("get", ifname=ifname)[0].get_attr("IFLA_MTU")
+    except NetlinkError as e:
+        if e.code == errno.ENODEV:
+            return None
+        raise
 
 
 def route_out_mtu(ipr: IPRoute, uplink: str) -> int | None:
     """MTU of the IPv4 default route: its `mtu` metric, else its device's; the uplink's without one."""
+    raw = host_rtnl(ipr)
+    if raw is not None:
+        for metric, oif in raw.default_routes(socket.AF_INET):
+            if metric:
+                return metric
+            if oif:
+                return raw.link_mtu(index=oif)
+        return device_mtu(ipr, uplink)
     for r in ipr.get_default_routes(family=2):
         metrics = r.get_attr("RTA_METRICS")
         if metrics is not None and metrics.get_attr("RTAX_MTU"):

@@ -9,6 +9,7 @@ from ...names import JobNames
 from ...plan import JobNetwork
 from ..drift import Finding, drifted, present
 from ..ipam import LockPool, address_pool, address_pool6
+from ..links import host_rtnl
 from .base import AttachMode
 
 SCOPE_LINK = 253
@@ -40,13 +41,22 @@ class NatMode(AttachMode):
 
     def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
         # The gateway address sits on every host-side veth; each job has a host route (/32, /128).
+        raw = host_rtnl(ipr)  # four requests at ~0.2 ms each through pyroute2, ~0.01 ms raw (lark/kernel/rtnl.py)
         if plan.ipv4:
-            ipr.addr("add", index=host_idx, address=self.gateway, prefixlen=32)
-            ipr.route("add", dst=f"{plan.ipv4}/32", oif=host_idx, scope=SCOPE_LINK)
+            if raw is not None:
+                raw.addr_add(host_idx, self.gateway, 32)
+                raw.route_add(plan.ipv4, 32, host_idx, scope=SCOPE_LINK)
+            else:
+                ipr.addr("add", index=host_idx, address=self.gateway, prefixlen=32)
+                ipr.route("add", dst=f"{plan.ipv4}/32", oif=host_idx, scope=SCOPE_LINK)
         if plan.ipv6:
             # No duplicate address detection: it would hold the first packet back for about a second.
-            ipr.addr("add", index=host_idx, address=self.gateway6, prefixlen=128, flags=IFA_F_NODAD)
-            ipr.route("add", dst=f"{plan.ipv6}/128", oif=host_idx)
+            if raw is not None and self.gateway6 is not None:
+                raw.addr_add(host_idx, self.gateway6, 128, IFA_F_NODAD)
+                raw.route_add(plan.ipv6, 128, host_idx)
+            else:
+                ipr.addr("add", index=host_idx, address=self.gateway6, prefixlen=128, flags=IFA_F_NODAD)
+                ipr.route("add", dst=f"{plan.ipv6}/128", oif=host_idx)
 
     def verify(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> list[Finding]:
         """The gateway address on the host end and the host route to each of the job's addresses."""

@@ -1,0 +1,178 @@
+"""The raw rtnetlink path of a job's setup (lark/kernel/rtnl.py) on the real kernel: it leaves exactly what the
+pyroute2 path leaves, fails with the same errors, and never acts in a netns other than the IPRoute's it stands in
+for. Each test works in namespaces it makes."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+
+from lark.config import Config
+from lark.kernel import links, mtu, netns, rtnl
+from lark.kernel.attach.nat import NatMode
+from lark.names import JobNames
+from lark.plan import JobNetwork, NetworkPlan
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+
+
+def sh(*cmd: str) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def ns() -> Iterator[str]:
+    """A netns with a veth pair a1/a2 (both down), removed at the end."""
+    name = f"lark-rtnl-{secrets.token_hex(3)}"
+    sh("ip", "netns", "add", name)
+    try:
+        sh("ip", "-n", name, "link", "add", "a1", "type", "veth", "peer", "name", "a2")
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name])
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[str, str]]:
+    """Two netns, each with one end of a veth pair named j0 (down), as a job's netns has; removed at the end."""
+    names = (f"lark-rtnl-{secrets.token_hex(3)}", f"lark-rtnl-{secrets.token_hex(3)}")
+    for n in names:
+        sh("ip", "netns", "add", n)
+    try:
+        sh("ip", "-n", names[0], "link", "add", "j0", "type", "veth", "peer", "name", "j0", "netns", names[1])
+        yield names
+    finally:
+        for n in names:
+            subprocess.run(["ip", "netns", "del", n])
+
+
+def state(ns: str) -> tuple[str, str, str]:
+    """What `ip` sees in a netns: j0's and lo's flags and addresses (without link-local: from the MAC, which
+    differs), and every route of every table (IPv4 and IPv6)."""
+    links_ = json.loads(sh("ip", "-n", ns, "-j", "addr", "show"))
+    seen = [(ln["ifname"], sorted(ln["flags"]), ln["operstate"],
+             sorted((a["family"], a["local"], a["prefixlen"], a.get("scope"), bool(a.get("nodad")))
+                    for a in ln.get("addr_info", []) if a.get("scope") != "link")) for ln in links_]
+    routes = [sh("ip", "-n", ns, "-d", fam, "route", "show", "table", "all") for fam in ("-4", "-6")]
+    return json.dumps(seen, sort_keys=True), routes[0], "\n".join(ln for ln in routes[1].splitlines()
+                                                                   if "fe80" not in ln)
+
+
+def fd_of(ns: str) -> int:
+    return os.open(f"/run/netns/{ns}", os.O_RDONLY)
+
+
+def test_the_raw_path_leaves_what_pyroute2_leaves(pair: tuple[str, str]) -> None:
+    """The same job setup steps, one netns through pyroute2 (a plain IPRoute), the other through netns.netlink_in's
+    raw socket: the same kernel state."""
+    for ns, raw in zip(pair, (False, True), strict=True):
+        fd = fd_of(ns)
+        try:
+            if raw:
+                nipr = netns.netlink_in(fd)
+            else:
+                with netns.entered(fd):
+                    nipr = IPRoute()
+            with nipr:
+                assert isinstance(nipr, netns.JobNetlink) == raw
+                idx = links.bring_up_job_side(nipr, "j0")
+                links.add_job_address(nipr, idx, "10.1.0.2", 24, "10.1.0.1")
+                links.add_job_address6(nipr, idx, "fd00:1::2", 64, "fd00:1::1")
+                if raw:
+                    assert nipr._ipr is None, "the raw path made an IPRoute"
+        finally:
+            os.close(fd)
+    for _ in range(200):  # both ends are up: the kernel's link watch gives both carrier, a little later
+        if all("state UP" in sh("ip", "-n", ns, "link", "show", "j0") for ns in pair):
+            break
+        time.sleep(0.01)
+    results = [state(ns) for ns in pair]
+    assert results[1] == results[0], f"raw {results[1]} != pyroute2 {results[0]}"
+    assert "default via 10.1.0.1 dev j0 table main proto static scope global onlink" in results[1][1]
+    assert "lo" in results[1][0] and "UP" in results[1][0]
+
+
+def test_the_raw_path_fails_as_pyroute2_does(ns: str) -> None:
+    fd = fd_of(ns)
+    try:
+        with netns.netlink_in(fd) as nipr:
+            with pytest.raises(NetlinkError) as e:
+                links.bring_up_job_side(nipr, "nonesuch")
+            assert e.value.code == 19  # ENODEV
+            idx = links.bring_up_job_side(nipr, "a2")
+            links.add_job_address(nipr, idx, "10.2.0.2", 24, None)
+            with pytest.raises(NetlinkError) as e:
+                links.add_job_address(nipr, idx, "10.2.0.2", 24, None)
+            assert e.value.code == 17  # EEXIST, as pyroute2's addr("add")
+            # Anything else goes to the IPRoute it makes on first use, in the same netns.
+            assert [a.get_attr("IFA_ADDRESS") for a in nipr.get_addr(index=idx, family=2)] == ["10.2.0.2"]
+    finally:
+        os.close(fd)
+
+
+def test_a_raw_socket_stands_in_only_for_an_iproute_of_its_own_netns(ns: str, tmp_path) -> None:
+    """larkd's host IPRoute and the thread share a netns: raw. An IPRoute of another netns, or a thread visiting
+    another netns: never raw, so nothing is added to the wrong namespace (nor is a job's netns pinned)."""
+    here = IPRoute()
+    fd = fd_of(ns)
+    try:
+        with netns.entered(fd):
+            there = IPRoute()
+        with here, there:
+            raw = links.host_rtnl(here)
+            assert raw is not None and raw.cookie == rtnl.netns_cookie(here.fileno())
+            assert links.host_rtnl(there) is None, "an IPRoute of another netns got this netns's raw socket"
+            with netns.entered(fd):
+                assert links.host_rtnl(there) is None  # a visiting thread keeps no socket of a job's netns
+                assert links.host_rtnl(here) is None
+            assert links.host_rtnl(here) is raw
+            # The NAT mode's host side with `there`: through pyroute2, into `there`'s netns.
+            cfg = Config(run_dir=f"{tmp_path}/run", state_dir=f"{tmp_path}/state", uplink="a2",
+                         subnet="10.5.0.0/24").validate()
+            idx = there.link_lookup(ifname="a1")[0]
+            there.link("set", index=idx, state="up")
+            net = JobNetwork(NetworkPlan(job_id="1.0", slot="s", key="s", network_type="nat"))
+            net = net.with_addresses(ipv4="10.5.0.9", ipv4_prefix=32, gateway4=str(cfg.gateway))
+            mode = NatMode(cfg)
+            mode.attach(there, idx, net, JobNames("s"))
+        assert "10.5.0.9 proto static scope link" in sh("ip", "-n", ns, "route", "show", "dev", "a1")
+        assert f"{cfg.gateway}/32" in sh("ip", "-n", ns, "addr", "show", "dev", "a1")
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("route", ["none", "via_device", "mtu_metric"])
+def test_the_mtu_of_the_route_out_is_what_pyroute2_reads(ns: str, route: str) -> None:
+    sh("ip", "-n", ns, "link", "set", "a1", "mtu", "1450", "up")
+    sh("ip", "-n", ns, "link", "set", "a2", "mtu", "9000", "up")
+    sh("ip", "-n", ns, "addr", "add", "10.4.0.2/24", "dev", "a1")
+    if route == "via_device":
+        sh("ip", "-n", ns, "route", "add", "default", "via", "10.4.0.1", "dev", "a1")
+    elif route == "mtu_metric":
+        sh("ip", "-n", ns, "route", "add", "default", "via", "10.4.0.1", "dev", "a1", "mtu", "1400")
+    want = {"none": 9000, "via_device": 1450, "mtu_metric": 1400}[route]
+    fd = fd_of(ns)
+    try:
+        with netns.entered(fd):
+            ipr = IPRoute()
+            with ipr:  # a visiting thread: pyroute2 (larkd's host side is the raw path, tested below)
+                assert mtu.route_out_mtu(ipr, "a2") == want
+                assert mtu.device_mtu(ipr, "a1") == 1450
+                assert mtu.device_mtu(ipr, "nonesuch") is None
+        with netns.netlink_in(fd) as other:  # a JobNetlink: its own raw socket
+            assert mtu.route_out_mtu(other, "a2") == want
+        with netns.entered(fd):
+            via_pyroute2 = IPRoute()
+        with via_pyroute2:  # this thread is not in its netns: the pyroute2 path
+            assert links.host_rtnl(via_pyroute2) is None
+            assert mtu.route_out_mtu(via_pyroute2, "a2") == want
+            assert mtu.device_mtu(via_pyroute2, "nonesuch") is None
+    finally:
+        os.close(fd)
