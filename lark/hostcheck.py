@@ -254,9 +254,35 @@ def file_transfer(run: Runner) -> Finding:
     return Finding("transfer", "; ".join(gaps), not url,
                    "run by the starter in this machine's network namespace, not the job's: not limited to the "
                    "job's Bandwidth, not in its Network* figures, not filtered; submitters' own plugins are "
-                   "refused at submit (55-lark-access-point.conf)",
+                   "refused at submit (55-lark-access-point.conf) and here (`plugins` line)",
                    "ENABLE_URL_TRANSFERS = False on this execution point if URL transfers must not bypass the "
                    "job's network (jobs with URL inputs or outputs then fail)" if url else "")
+
+
+def own_plugins(run: Runner) -> Finding:
+    """Whether this EP keeps a job's own transfer plugin (TransferPlugins) from running with this machine's network:
+    START refuses such jobs (50-lark.conf's LARK_START_NO_OWN_PLUGINS), and HTCondor 25.11+'s
+    STARTER_DISABLE_USER_SUPPLIED_TRANSFER_PLUGINS makes the starter refuse to run one. larkd's pre-flight also
+    holds such a job before it starts (lark/policy/transfers.py), too late for an input plugin on its own."""
+    start = condor_param(run, "START") or ""
+    by_start = "TransferPlugins" in start
+    knob = condor_param(run, "STARTER_DISABLE_USER_SUPPLIED_TRANSFER_PLUGINS")
+    by_starter = condor_true(knob) or (knob or "").strip() == "2"
+    found = ("START refuses TransferPlugins" if by_start else "START does not look at TransferPlugins") + "; " + \
+        (f"STARTER_DISABLE_USER_SUPPLIED_TRANSFER_PLUGINS = {knob}" if knob else
+         "STARTER_DISABLE_USER_SUPPLIED_TRANSFER_PLUGINS unset")
+    if by_start or by_starter:
+        return Finding("plugins", found, True,
+                       "a job's own transfer plugin never runs here: " +
+                       ("such a job is never matched to this EP" if by_start else
+                        "the starter refuses it (HTCondor 25.11+; the job is evicted and tried elsewhere)"))
+    return Finding("plugins", found, False,
+                   "a job that reaches this EP with its own transfer plugin (TransferPlugins; from a schedd without "
+                   "Lark's SUBMIT_REQUIREMENT_LarkOwnPlugins) has that code run by the starter with this machine's "
+                   "network, before Lark's pre-flight can hold it",
+                   "keep 50-lark.conf's START = ($(START)) && $(LARK_START_NO_OWN_PLUGINS) (a later START must keep "
+                   "that clause) and, on HTCondor 25.11+, STARTER_DISABLE_USER_SUPPLIED_TRANSFER_PLUGINS = true; "
+                   "then condor_reconfig")
 
 
 def uplink_speed(ifname: str) -> int | None:
@@ -306,7 +332,8 @@ def process_identity(fallback: Callable[[], str] | None = None, kernel: str | No
 
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
     return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), prepare_job_start(run),
-            net_namespaces(), pid_namespaces(run), job_exit_hook(run), file_transfer(run), bandwidth_capacity(cfg),
+            net_namespaces(), pid_namespaces(run), job_exit_hook(run), file_transfer(run), own_plugins(run),
+            bandwidth_capacity(cfg),
             process_identity()]
 
 

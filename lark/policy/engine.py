@@ -18,6 +18,7 @@ from ..config import IFNAME_RE, Config
 from ..errors import LarkError
 from ..plan import NETWORK_TYPES, NetworkPlan
 from ..scitags import Rule, parse_rules
+from .transfers import check_transfer_plugins
 
 log = logging.getLogger(__name__)
 VLAN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -248,6 +249,7 @@ def decide(job: classad2.ClassAd, machine: classad2.ClassAd, cfg: Config, slot: 
     """Evaluate the policy; with `cfg.callout` set, its output overrides machine attributes first.
     `uplink_mbit`: the uplink's detected link speed, the fair share's last resort for the link's capacity."""
     job_id = job_id_of(job)
+    check_transfer_plugins(job, job_id)  # a submitter's own plugin would run with the EP's network: refused
     explicit = {a.name for a in JOB_ATTRS if a.name in job}
     job = with_job_defaults(job)
     overridden: set[str] = set()
