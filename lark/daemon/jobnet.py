@@ -144,6 +144,8 @@ class JobNetworker:
                 self.records.save(rec)
                 saved[0] = _snapshot(rec)
 
+        ctx.save = lambda: save(ctx)  # for a step that must save within its own lock (shaping)
+
         def undo() -> None:
             ctx.stack.close()  # the job's netns handles first: teardown removes the netns
             log.error("setup of job %s on %s failed, undoing", plan.job_id, plan.slot)

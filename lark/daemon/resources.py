@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -76,6 +76,7 @@ class JobCtx:
     host_idx: int = -1                  # the veth's ends, once they exist
     job_idx: int = -1
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # closes the handles above
+    save: Callable[[], None] = lambda: None  # setup: saves the record now, if changed (the engine's saver)
     link: dict | None = None            # teardown: the veth's counters, read before it goes
     summary: dict | None = None         # teardown: the accounting's final figures
 
@@ -390,7 +391,7 @@ class Shaping(Base):
                 limit = shaping.limit_for(net.rate_limit_mbit, net.plan.job_id)
                 shaping.apply(ctx.ipr, ctx.host_idx, ctx.nipr, ctx.job_idx, limit, net.plan.job_id)
                 ctx.rec.shaped = True
-                self.host.records.save(ctx.rec)  # inside the lock: a rebalance reads the records
+                ctx.save()  # inside the lock: a rebalance reads the records
 
     def check(self, ctx: CheckCtx) -> list[Finding]:
         with self.host.fair.lock:   # a fair-share rebalance moves limits and records together
