@@ -9,7 +9,9 @@ job netns's IPRoute only when something asks for it; `beside` gives a raw socket
 IPRoute).
 
 Each request waits for its acknowledgement; a kernel error raises pyroute2's NetlinkError with the same code, so
-callers handle both paths alike.
+callers handle both paths alike. Only the transport is ours (one socket, send, receive until the answer to our
+sequence number); every request is encoded and every answer decoded by pyroute2's own message classes
+(ifinfmsg, ifaddrmsg, rtmsg through its MarshalRtnl), attributes by their pyroute2 names.
 """
 from __future__ import annotations
 
@@ -17,46 +19,39 @@ import errno
 import ipaddress
 import os
 import socket
-import struct
 import threading
+from collections.abc import Callable
 
-from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.iproute.parsers import default_routes, get_header
+from pyroute2.netlink import (
+    NETLINK_ROUTE,
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
+    NLMSG_DONE,
+    NLMSG_ERROR,
+    nlmsg,
+)
+from pyroute2.netlink.exceptions import NetlinkDecodeError, NetlinkError
+from pyroute2.netlink.rtnl import (
+    RTM_GETLINK,
+    RTM_GETROUTE,
+    RTM_NEWADDR,
+    RTM_NEWLINK,
+    RTM_NEWROUTE,
+    rt_proto,
+    rt_type,
+)
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP, ifinfmsg
+from pyroute2.netlink.rtnl.marshal import MarshalRtnl
+from pyroute2.netlink.rtnl.rtmsg import RT_SCOPE_UNIVERSE, rtmsg
 
-NETLINK_ROUTE = 0
-NLMSG_ERROR = 2
-NLMSG_DONE = 3
-RTM_NEWLINK, RTM_GETLINK = 16, 18
-RTM_NEWADDR = 20
-RTM_NEWROUTE = 24
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_DUMP, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x300, 0x200, 0x400
-IFF_UP = 0x1
-IFLA_IFNAME, IFLA_MTU = 3, 4
-RTM_GETROUTE = 26
-RTA_METRICS, RTAX_MTU = 8, 2
-IFA_ADDRESS, IFA_LOCAL, IFA_FLAGS = 1, 2, 8
-RTA_DST, RTA_OIF, RTA_GATEWAY = 1, 4, 5
-RT_TABLE_MAIN, RTPROT_STATIC, RT_SCOPE_UNIVERSE, RTN_UNICAST = 254, 4, 0, 1
-NLMSG_HDR = struct.Struct("=IHHII")   # len, type, flags, seq, pid
-IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
-IFADDRMSG = struct.Struct("=BBBBi")   # family, prefixlen, flags, scope, index
-RTMSG = struct.Struct("=BBBBBBBBI")   # family, dst_len, src_len, tos, table, protocol, scope, type, flags
-
-
-def _attr(kind: int, payload: bytes) -> bytes:
-    length = 4 + len(payload)
-    return struct.pack("=HH", length, kind) + payload + b"\0" * (-length % 4)
-
-
-def _attrs(payload: bytes, offset: int) -> dict[int, bytes]:
-    """The attributes after a message's fixed header, by type (the first of each type; nested ones unparsed)."""
-    out: dict[int, bytes] = {}
-    while offset + 4 <= len(payload):
-        length, kind = struct.unpack_from("=HH", payload, offset)
-        if length < 4:
-            break
-        out.setdefault(kind & 0x3FFF, payload[offset + 4:offset + length])  # without NLA_F_NESTED/BYTEORDER
-        offset += (length + 3) & ~3
-    return out
+RT_TABLE_MAIN = 254  # the kernel's main table (rt_class_t); pyroute2 has no name for it
+Parser = Callable[[bytes, int, int], "nlmsg | None"]
+IFA_FLAGS_IN_HEADER = 0xFF  # ifaddrmsg's flags field is 8 bits: larger flags go in IFA_FLAGS, as `ip` does
 
 
 class Rtnl:
@@ -67,90 +62,128 @@ class Rtnl:
         self.sock.bind((0, 0))
         self._seq = 0
         self._lock = threading.Lock()
+        self._marshal = MarshalRtnl()
         self.cookie = netns_cookie(self.sock.fileno())
 
     def close(self) -> None:
         self.sock.close()
 
-    def request(self, kind: int, flags: int, body: bytes) -> bytes:
-        """Send one request and wait for its answer: the payload of the reply message (b"" for a bare ACK)."""
-        replies = self._exchange(kind, NLM_F_ACK | flags, body)
-        return replies[-1][1] if replies else b""
+    def request(self, kind: int, flags: int, msg: nlmsg) -> nlmsg | None:
+        """Send one request (a pyroute2 message; its header is filled here) and wait for its answer: the reply
+        message, decoded by pyroute2 (None for a bare ACK)."""
+        replies = self._exchange(kind, NLM_F_ACK | flags, msg)
+        return replies[-1] if replies else None
 
-    def dump(self, kind: int, body: bytes) -> list[tuple[int, bytes]]:
-        """A dump request: every message of the answer, as (type, payload)."""
-        return self._exchange(kind, NLM_F_DUMP, body)
+    def dump(self, kind: int, msg: nlmsg, parser: Parser | None = None) -> list[nlmsg]:
+        """A dump request: every message of the answer, decoded by pyroute2 (their type in msg['header']), or by
+        `parser` (pyroute2's parser signature: data, offset, length -> message, or None to skip one)."""
+        return self._exchange(kind, NLM_F_DUMP, msg, parser)
 
-    def _exchange(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
+    def _exchange(self, kind: int, flags: int, msg: nlmsg, parser: Parser | None = None) -> list[nlmsg]:
         with self._lock:
             self._seq += 1
             seq = self._seq
-            self.sock.send(NLMSG_HDR.pack(NLMSG_HDR.size + len(body), kind, NLM_F_REQUEST | flags, seq, 0) + body)
-            replies: list[tuple[int, bytes]] = []
-            while True:
-                data = self.sock.recv(1 << 16)
-                off = 0
-                while off + NLMSG_HDR.size <= len(data):
-                    length, mtype, _, mseq, _ = NLMSG_HDR.unpack_from(data, off)
-                    if length < NLMSG_HDR.size:
-                        raise NetlinkError(errno.EPROTO, "malformed netlink message")
-                    payload = data[off + NLMSG_HDR.size:off + length]
-                    off += (length + 3) & ~3
-                    if mseq != seq:
-                        continue  # a late answer to an earlier request that failed on our side
-                    if mtype == NLMSG_ERROR:
-                        code = -struct.unpack_from("=i", payload)[0]
-                        if code:
-                            raise NetlinkError(code)
-                        return replies
-                    if mtype == NLMSG_DONE:
-                        return replies
-                    replies.append((mtype, payload))  # an ACK or NLMSG_DONE ends the answer
+            msg["header"]["type"] = kind
+            msg["header"]["flags"] = NLM_F_REQUEST | flags
+            msg["header"]["sequence_number"] = seq
+            msg.encode()
+            if parser is not None:
+                self._marshal.seq_map[seq] = self._or_error(parser)
+            try:
+                self.sock.send(msg.data)
+                return self._answer(seq)
+            finally:
+                self._marshal.seq_map.pop(seq, None)
+
+    def _or_error(self, parser: Parser) -> Parser:
+        """`parser` for the answer's messages, pyroute2's own decoding for an error (it may come instead)."""
+        def parse(data: bytes, offset: int, length: int) -> nlmsg | None:
+            header = get_header(data, offset)
+            if header["type"] == NLMSG_ERROR:
+                return self._marshal.parse_one_message(NLMSG_ERROR, header["flags"], header["sequence_number"],
+                                                       data, offset, length)
+            return parser(data, offset, length)
+        return parse
+
+    def _answer(self, seq: int) -> list[nlmsg]:
+        """Receive until the ACK, error or NLMSG_DONE of request `seq`: the messages before it."""
+        replies: list[nlmsg] = []
+        while True:
+            for reply in self._marshal.parse(self.sock.recv(1 << 16)):
+                header = reply["header"]
+                if header.get("sequence_number") != seq:
+                    continue  # a late answer to an earlier request that failed on our side
+                if isinstance(header.get("error"), NetlinkDecodeError):
+                    raise NetlinkError(errno.EPROTO, f"malformed netlink answer: {header['error']}")
+                if header["type"] == NLMSG_ERROR:
+                    if reply["error"]:
+                        raise NetlinkError(-reply["error"])
+                    return replies
+                if header["type"] == NLMSG_DONE:
+                    return replies
+                replies.append(reply)
 
     def link_up(self, index: int) -> None:
-        self.request(RTM_NEWLINK, 0, IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, IFF_UP, IFF_UP))
+        msg = ifinfmsg()
+        msg["family"] = socket.AF_UNSPEC
+        msg["index"] = index
+        msg["flags"] = msg["change"] = IFF_UP
+        self.request(RTM_NEWLINK, 0, msg)
+
+    def _link(self, ifname: str | None, index: int) -> nlmsg | None:
+        msg = ifinfmsg()
+        msg["family"] = socket.AF_UNSPEC
+        msg["index"] = index
+        if ifname:
+            msg["attrs"] = [("IFLA_IFNAME", ifname)]
+        return self.request(RTM_GETLINK, 0, msg)
 
     def link_index(self, ifname: str) -> int:
         """The device's index; NetlinkError(ENODEV) when there is none of that name."""
-        reply = self.request(RTM_GETLINK, 0, IFINFOMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
-                             + _attr(IFLA_IFNAME, ifname.encode() + b"\0"))
-        if len(reply) < IFINFOMSG.size:
+        reply = self._link(ifname, 0)
+        if reply is None:
             raise NetlinkError(errno.ENODEV, f"no answer for device {ifname}")
-        return IFINFOMSG.unpack_from(reply)[2]
+        return int(reply["index"])
 
     def link_mtu(self, *, ifname: str | None = None, index: int = 0) -> int | None:
         """The device's MTU, by name or index; NetlinkError(ENODEV) when there is no such device."""
-        reply = self.request(RTM_GETLINK, 0, IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, 0, 0)
-                             + (_attr(IFLA_IFNAME, ifname.encode() + b"\0") if ifname else b""))
-        mtu = _attrs(reply, IFINFOMSG.size).get(IFLA_MTU)
-        return struct.unpack_from("=I", mtu)[0] if mtu else None
+        reply = self._link(ifname, index)
+        mtu = reply.get_attr("IFLA_MTU") if reply is not None else None
+        return int(mtu) if mtu is not None else None
 
     def default_routes(self, family: int = socket.AF_INET) -> list[tuple[int | None, int | None]]:
         """The default routes (no destination, any table, in the kernel's order; what pyroute2's
         get_default_routes returns), each as (its `mtu` metric or None, its output device's index or None)."""
+        query = rtmsg()
+        query["family"] = family
         out = []
-        for mtype, payload in self.dump(RTM_GETROUTE, RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)):
-            if mtype != RTM_NEWROUTE:
+        # pyroute2's own parser for this (as its get_default_routes): decodes only the messages without RTA_DST,
+        # so a host with a route per job does not decode every job's route on every setup.
+        for route in self.dump(RTM_GETROUTE, query, default_routes):
+            if route["header"]["type"] != RTM_NEWROUTE or route.get_attr("RTA_DST") is not None:
                 continue
-            attrs = _attrs(payload, RTMSG.size)
-            if RTA_DST in attrs:
-                continue
-            metric = _attrs(attrs[RTA_METRICS], 0).get(RTAX_MTU) if RTA_METRICS in attrs else None
-            oif = attrs.get(RTA_OIF)
-            out.append((struct.unpack_from("=I", metric)[0] if metric else None,
-                        struct.unpack_from("=i", oif)[0] if oif else None))
+            metrics = route.get_attr("RTA_METRICS")
+            metric = metrics.get_attr("RTAX_MTU") if metrics is not None else None
+            oif = route.get_attr("RTA_OIF")
+            out.append((int(metric) if metric is not None else None, int(oif) if oif is not None else None))
         return out
 
     def addr_add(self, index: int, address: str, prefixlen: int, flags: int = 0) -> None:
         ip = ipaddress.ip_address(address)
-        family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
-        body = IFADDRMSG.pack(family, prefixlen, flags & 0xFF, RT_SCOPE_UNIVERSE, index)
-        if family == socket.AF_INET:  # as `ip addr add`: the local address and the (same) peer address
-            body += _attr(IFA_LOCAL, ip.packed)
-        body += _attr(IFA_ADDRESS, ip.packed)
-        if flags > 0xFF:
-            body += _attr(IFA_FLAGS, struct.pack("=I", flags))
-        self.request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, body)
+        msg = ifaddrmsg()
+        msg["family"] = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+        msg["prefixlen"] = prefixlen
+        msg["flags"] = flags & IFA_FLAGS_IN_HEADER
+        msg["scope"] = RT_SCOPE_UNIVERSE
+        msg["index"] = index
+        attrs: list[tuple[str, object]] = []
+        if ip.version == 4:  # as `ip addr add`: the local address and the (same) peer address
+            attrs.append(("IFA_LOCAL", str(ip)))
+        attrs.append(("IFA_ADDRESS", str(ip)))
+        if flags > IFA_FLAGS_IN_HEADER:
+            attrs.append(("IFA_FLAGS", flags))
+        msg["attrs"] = attrs
+        self.request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, msg)
 
     def default_route_add(self, gateway: str, oif: int, flags: int = 0) -> None:
         """`ip route add default via GATEWAY dev OIF` (flags: rtm_flags, e.g. RTNH_F_ONLINK) in the main table,
@@ -163,14 +196,22 @@ class Rtnl:
         addr = ipaddress.ip_address(dst) if dst else None
         gw = ipaddress.ip_address(gateway) if gateway else None
         ref = addr or gw
-        family = socket.AF_INET6 if ref is not None and ref.version == 6 else socket.AF_INET
-        body = RTMSG.pack(family, dst_len, 0, 0, RT_TABLE_MAIN, RTPROT_STATIC, scope, RTN_UNICAST, flags)
+        msg = rtmsg()
+        msg["family"] = socket.AF_INET6 if ref is not None and ref.version == 6 else socket.AF_INET
+        msg["dst_len"] = dst_len
+        msg["table"] = RT_TABLE_MAIN
+        msg["proto"] = rt_proto["static"]
+        msg["scope"] = scope
+        msg["type"] = rt_type["unicast"]
+        msg["flags"] = flags
+        attrs: list[tuple[str, object]] = []
         if addr is not None:
-            body += _attr(RTA_DST, addr.packed)
+            attrs.append(("RTA_DST", str(addr)))
         if gw is not None:
-            body += _attr(RTA_GATEWAY, gw.packed)
-        body += _attr(RTA_OIF, struct.pack("=i", oif))
-        self.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, body)
+            attrs.append(("RTA_GATEWAY", str(gw)))
+        attrs.append(("RTA_OIF", oif))
+        msg["attrs"] = attrs
+        self.request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, msg)
 
 
 SO_NETNS_COOKIE = 71  # Linux 5.14; Python's socket module has no name for it

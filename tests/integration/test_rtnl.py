@@ -176,3 +176,28 @@ def test_the_mtu_of_the_route_out_is_what_pyroute2_reads(ns: str, route: str) ->
             assert mtu.device_mtu(via_pyroute2, "nonesuch") is None
     finally:
         os.close(fd)
+
+
+def test_the_default_route_dump_is_what_pyroute2_returns_among_host_routes(ns: str) -> None:
+    """A host with a /32 route per job and default routes in two tables: the raw dump (pyroute2's own
+    default_routes parser on our socket) returns what IPRoute.get_default_routes returns, in the same order."""
+    sh("ip", "-n", ns, "link", "set", "a1", "mtu", "1450", "up")
+    sh("ip", "-n", ns, "addr", "add", "10.4.0.2/24", "dev", "a1")
+    for i in range(1, 60):
+        sh("ip", "-n", ns, "route", "add", f"10.9.0.{i}/32", "dev", "a1", "scope", "link")
+    sh("ip", "-n", ns, "route", "add", "default", "via", "10.4.0.1", "dev", "a1", "mtu", "1400")
+    sh("ip", "-n", ns, "route", "add", "default", "via", "10.4.0.3", "dev", "a1", "table", "100")
+    fd = fd_of(ns)
+    try:
+        with netns.entered(fd):
+            ipr = IPRoute()
+            with ipr:
+                want = [((r.get_attr("RTA_METRICS") or None) and r.get_attr("RTA_METRICS").get_attr("RTAX_MTU"),
+                         r.get_attr("RTA_OIF")) for r in ipr.get_default_routes(family=2)]
+        with netns.netlink_in(fd) as nipr:
+            got = nipr.rtnl.default_routes()
+        idx = int(json.loads(sh("ip", "-n", ns, "-j", "link", "show", "a1"))[0]["ifindex"])
+        assert sorted(got, key=str) == sorted([(1400, idx), (None, idx)], key=str)
+        assert got == want
+    finally:
+        os.close(fd)
