@@ -459,6 +459,9 @@ class SciTags(Base):
         return scitags.verify(ctx.ns_fd, ctx.job.plan.scitag, fireflies=bool(self.host.cfg.scitags_collector))
 
 
+_UNLABELLED_WARNED: set[str] = set()   # network types whose jobs got a label this larkd cannot apply (logged once)
+
+
 class ControllerRegistration(Base):
     """The job at the pool controller, before the answer to the wrapper: the pool switch has the job's flows
     before its program runs. A policy that drops its traffic also revokes its DNS (the forwarder on this host is
@@ -469,6 +472,17 @@ class ControllerRegistration(Base):
         assert ctx.net is not None and ctx.profile is not None
         net = ctx.net
         decision = self.host.controller.register(net, ctx.names.job_mac if ctx.profile.bridged else "")
+        label = decision.get("label")
+        if label:   # [labels] mode = "vlan" at the controller: the EP's switch tags the job's frames (issue 26)
+            apply = getattr(ctx.profile.mode, "apply_label", None)
+            if apply is not None:
+                apply(net, ctx.names, int(label["vid"]), int(label["pcp"]))
+            elif ctx.profile.network_type not in _UNLABELLED_WARNED:
+                _UNLABELLED_WARNED.add(ctx.profile.network_type)
+                log.warning("job %s: the pool controller gave it a label (VLAN %s, PCP %s), which only OVS mode "
+                            "applies: %s jobs leave this EP untagged (and without the controller's policies at a "
+                            "label-scheme core); use OVS mode, or [labels] mode = \"off\" at the controller",
+                            net.plan.job_id, label["vid"], label["pcp"], ctx.profile.network_type)
         if decision.get("blocked_by") or decision.get("wan_drop"):
             ctx.set_net(net.with_addresses(dns_revoked_by=decision.get("blocked_by") or decision["wan_policy"]))
             log.info("job %s: no DNS, as the pool controller's policy %s drops its %s", net.plan.job_id,

@@ -75,6 +75,56 @@ def allowlist_flows(plan: JobNetwork, mac: str) -> list[str]:
     return flows
 
 
+# The label scheme (issue 26, the pool controller's `[labels] mode = "vlan"`): the registration answer gives the job a
+# label (VLAN id, PCP) that its frames carry toward the uplink. Up: twins of the job's allowlist flows, one priority
+# above them, push the label and go to LABEL_TABLE, which sends the frame untagged to a labelled job of this bridge or
+# to the bridge's own port (same-EP traffic stays local), a multicast frame tagged to the uplink and untagged to every
+# labelled job's port (LABEL_GROUP; OVS never outputs to the input port) and anything else tagged to the uplink. Down:
+# a frame tagged with the job's VLAN to its MAC reaches it untagged; a blocked job gets nothing from the uplink.
+LABEL_TABLE = 1
+LABEL_GROUP = 0x4C4B
+LABEL_BLOCKED_VID = 4094          # lark.controller.labels.BLOCKED_VID
+LABEL_DOWN_PRIORITY = 115         # below the uplink guard (120)
+LABEL_BRIDGE_COOKIE = "0x" + hashlib.sha256(b"ovs-bridge:labels").hexdigest()[:15]
+_VLAN_PRESENT = "vlan_tci=0x1000/0x1000"
+_MULTICAST = "dl_dst=01:00:00:00:00:00/01:00:00:00:00:00"
+
+
+def label_flows(plan: JobNetwork, mac: str, port: int, uplink: str, vid: int, pcp: int) -> list[str]:
+    """A labelled job's flows (under its cookie, `in_port` included): the up twins of its allowlist's NORMAL flows,
+    its delivery from labelled neighbours (LABEL_TABLE) and from the uplink."""
+    push = f"push_vlan:0x8100,set_field:{0x1000 | vid}->vlan_vid,set_field:{pcp}->vlan_pcp,resubmit(,{LABEL_TABLE})"
+    out = []
+    for f in allowlist_flows(plan, mac):
+        if f.endswith(",actions=NORMAL"):
+            prio, rest = f.split(",", 1)
+            out.append(f"priority={int(prio.split('=')[1]) + 1},in_port={port},{rest[:-len('NORMAL')]}{push}")
+    if vid == LABEL_BLOCKED_VID:
+        out.append(f"priority={LABEL_DOWN_PRIORITY},in_port={uplink},dl_dst={mac},actions=drop")
+    else:
+        out.append(f"priority={LABEL_DOWN_PRIORITY},in_port={uplink},dl_vlan={vid},dl_dst={mac},"
+                   f"actions=pop_vlan,output:{port}")
+    out.append(f"table={LABEL_TABLE},priority=100,{_VLAN_PRESENT},dl_dst={mac},actions=pop_vlan,output:{port}")
+    return out
+
+
+def label_bridge_flows(uplink: str, bridge_mac: str) -> list[str]:
+    """The bridge's own label flows (LABEL_BRIDGE_COOKIE), installed with the first labelled job: tagged frames from
+    labelled jobs to the host, multicast and the rest; tagged multicast from the uplink to the labelled jobs."""
+    return [f"table={LABEL_TABLE},priority=100,{_VLAN_PRESENT},dl_dst={bridge_mac},actions=pop_vlan,LOCAL",
+            f"table={LABEL_TABLE},priority=50,{_VLAN_PRESENT},{_MULTICAST},"
+            f"actions=output:{uplink},pop_vlan,group:{LABEL_GROUP}",
+            f"table={LABEL_TABLE},priority=0,{_VLAN_PRESENT},actions=output:{uplink}",
+            f"priority={LABEL_DOWN_PRIORITY - 1},in_port={uplink},{_VLAN_PRESENT},{_MULTICAST},"
+            f"actions=pop_vlan,group:{LABEL_GROUP}"]
+
+
+def is_label_flow(dump_line: str) -> bool:
+    """Whether a dump-flows line under a job's cookie is one of label_flows' (priorities the allowlist never uses)."""
+    return f"table={LABEL_TABLE}," in dump_line or any(f"priority={p}," in dump_line
+                                                          for p in (101, 106, LABEL_DOWN_PRIORITY))
+
+
 def cookie_of(key: str) -> str:
     return "0x" + hashlib.sha256(("ovs:" + key).encode()).hexdigest()[:15]
 
@@ -99,6 +149,8 @@ class OvsMode(BridgedMode):
         super().__init__(cfg)
         self.db = Ovsdb(cfg.ovs_db)
         self._secured: dict[str, tuple] = {}  # key -> the addresses whose allowlist went in with the port
+        self._labelled: dict[str, int] = {}   # key -> the port of a job with a bucket in LABEL_GROUP
+        self._label_lock = threading.Lock()
         if self.db.reachable():
             # Importing ovsdbapp and reading the tables takes a few hundred ms: not on the first job's setup.
             threading.Thread(target=self._connect_early, name="lark-ovsdb-connect", daemon=True).start()
@@ -215,6 +267,49 @@ class OvsMode(BridgedMode):
         flows = "".join(f"cookie={c},in_port={port},{f}\n" for f in allowlist_flows(plan, names.job_mac))
         self.ofctl("add-flows", "-", input=flows)
 
+    def ofctl13(self, *args: str, input: str | None = None, version: str = "OpenFlow13"):
+        """ovs-ofctl at an explicit OpenFlow version (tables, push/pop_vlan; groups' buckets need 1.5)."""
+        target = f"unix:{os.path.join(self.cfg.ovs_rundir, self.br + '.mgmt')}"
+        return run_tool(["ovs-ofctl", "-O", version, args[0], target, *args[1:]], input=input,
+                        what=f"ovs-ofctl {args[0]}")
+
+    def apply_label(self, plan: JobNetwork, names: JobNames, vid: int, pcp: int) -> bool:
+        """Tag the job's frames toward the uplink with its label (after secure: its allowlist is in). False, logged,
+        when this bridge cannot: no uplink, or the job's port is already a RequestedVLAN's access port."""
+        uplink = self.cfg.ovs_uplink
+        if not uplink or plan.vlan is not None:
+            log.warning("job %s: the controller's label (VLAN %s, PCP %s) is not applied: %s", plan.job_id, vid, pcp,
+                        "the OVS bridge has no uplink (LARK_OVS_UPLINK)" if not uplink else
+                        f"its port is on RequestedVLAN {plan.vlan}; labels and per-job VLANs do not mix")
+            return False
+        port = self.db.wait_ofport(names.host_if, plan.job_id)
+        c = cookie_of(names.key)
+        with self._label_lock:
+            if not self._labelled and f"group_id={LABEL_GROUP}," not in self.ofctl13(
+                    "dump-groups", version="OpenFlow15").stdout:
+                self.ofctl13("add-group", f"group_id={LABEL_GROUP},type=all,bucket=bucket_id:0,actions=LOCAL",
+                             version="OpenFlow15")
+                with IPRoute() as ipr:   # the bridge's own port (the host), in larkd's netns
+                    mac = ipr.get_links(ipr.link_lookup(ifname=self.br)[0])[0].get_attr("IFLA_ADDRESS")
+                self.ofctl13("add-flows", "-", input="".join(f"cookie={LABEL_BRIDGE_COOKIE},{line}\n"
+                                                             for line in label_bridge_flows(uplink, mac)))
+            self.ofctl13("add-flows", "-", input="".join(
+                f"cookie={c},{line}\n" for line in label_flows(plan, names.job_mac, port, uplink, vid, pcp)))
+            if vid != LABEL_BLOCKED_VID:
+                self._remove_bucket(port)   # a job gone while larkd was down may have left it
+                self.ofctl13("insert-buckets", f"group_id={LABEL_GROUP},command_bucket_id=last,"
+                             f"bucket=bucket_id:{port},actions=output:{port}", version="OpenFlow15")
+                self._labelled[names.key] = port
+        log.info("job %s: its frames leave OVS bridge %s on %s with VLAN %s, PCP %s", plan.job_id, self.br, uplink,
+                 vid, pcp)
+        return True
+
+    def _remove_bucket(self, port: int) -> None:
+        try:
+            self.ofctl13("remove-buckets", f"group_id={LABEL_GROUP},command_bucket_id={port}", version="OpenFlow15")
+        except LarkError as e:
+            log.debug("no bucket %s in OVS group %s: %s", port, LABEL_GROUP, e)
+
     def verify(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> list[Finding]:
         """The job's port on the bridge, and as many flows under its cookie as attach and secure put there."""
         fix = ("something other than larkd changed the OVS bridge (`ovs-vsctl del-port`, `ovs-ofctl del-flows`, or "
@@ -226,7 +321,7 @@ class OvsMode(BridgedMode):
         if plan.wants_ipv6:
             flows += auto6_pre_address_flows(self.cfg.bridge_ipv6, names.job_mac)
         dump = self.ofctl("dump-flows", f"cookie={cookie_of(names.key)}/-1").stdout
-        have = sum(1 for line in dump.splitlines() if "cookie=" in line)
+        have = sum(1 for line in dump.splitlines() if "cookie=" in line and not is_label_flow(line))
         what_flows = f"OpenFlow rules of {names.host_if} (cookie {cookie_of(names.key)})"
         return [present(what), present(what_flows) if have == len(set(flows)) else
                 drifted(what_flows, f"{have} flow(s) where setup put {len(set(flows))}", fix)]
@@ -234,6 +329,10 @@ class OvsMode(BridgedMode):
     def detach(self, names: JobNames) -> bool:
         """Remove the job's port and flows; safe to repeat. True when OVSDB took the port's removal."""
         self._secured.pop(names.key, None)
+        with self._label_lock:
+            port = self._labelled.pop(names.key, None)
+            if port is not None:
+                self._remove_bucket(port)
         ok = True
         if self.db.reachable():
             try:

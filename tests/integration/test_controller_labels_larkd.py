@@ -1,0 +1,93 @@
+"""The label scheme's EP side (issue 26) through larkd's real setup path: a fake EP whose larkd runs OVS mode (private
+OVS, userspace datapath) registers its jobs with a real lark-controller (`[labels] mode = "vlan"`, mutual TLS) whose
+core switch is a second bridge of the same OVS, the EP's uplink a veth pair into it, the WAN router behind the core.
+larkd's bridge tags each job's frames toward the uplink with the label the registration answered (lark/kernel/attach/
+ovs.py label_flows, under the job's cookie): the core drops the blocked VLAN, so a dropped owner's job reaches nothing
+while an allowed one reaches the WAN host; untagged, both would pass the core as host traffic. Teardown leaves no flow
+with the job's cookie."""
+import copy
+import json
+import shutil
+
+import pytest
+from helpers.sdn import DROP_MALLORY, GW, WAN_SERVER, SdnPool, sh
+from helpers.waits import wait_for, wait_ready
+
+from lark.controller import certs
+from lark.kernel.attach.ovs import LABEL_BRIDGE_COOKIE, cookie_of
+
+pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
+POLICIES = DROP_MALLORY + """
+[labels]
+mode = "vlan"
+[ep.ep1]
+ports = ["pe1"]
+addresses = ["10.77.1.16/28"]
+"""
+AD = 'ClusterId = {n}\nProcId = 0\nOwner = "{owner}"'
+
+
+@pytest.fixture
+def labelled_ep(fakehost_factory, tmp_path):
+    tls = tmp_path / "tls"
+    certs.make(str(tls), ["controller=127.0.0.1", "ep1"])
+    pool = SdnPool(str(tmp_path), policies=POLICIES)
+    host = fakehost_factory(ovs=True, default_network_type="ovs_bridge", ovs_bridge_name="lkovs0", ovs_uplink="upl1",
+                            ovs_datapath="netdev", bridge_range="10.77.1.17-10.77.1.30", bridge_prefix=16,
+                            bridge_gateway=GW, controller_url=f"https://127.0.0.1:{pool.api_port}",
+                            controller_ca=str(tls / "ca.pem"), controller_cert=str(tls / "ep1.pem"),
+                            controller_key=str(tls / "ep1.key"), controller_timeout=3.0, controller_resync=3600.0)
+    # the core: a bridge of the EP's own OVS (one ovs-vswitchd per netns), run by the controller in the EP's netns
+    pool.core, pool.own_core = host.host_ns, False
+    pool.ovs = copy.copy(host.ovs)
+    pool.ovs.start = lambda: pool.ovs
+    pool.ovs.close = lambda: None
+    sh(host.in_host(["ip", "link", "add", "upl1", "type", "veth", "peer", "name", "pe1"]))
+    for dev in ("upl1", "pe1"):
+        sh(host.in_host(["ip", "link", "set", dev, "up"]))
+    try:
+        pool.start()
+        pool.ovs.vsctl("add-port", "core", "pe1")
+        pool._make_wan()
+        yield host, pool
+    finally:
+        pool.close()
+
+
+def ep_flows(host, cookie: str) -> list[str]:
+    return [f for f in host.ovs_flows() if f"cookie={cookie}," in f]
+
+
+def test_larkd_tags_its_ovs_jobs_with_the_controllers_label(labelled_ep):
+    host, pool = labelled_ep
+    runs = {}
+    for slot, owner, n in (("slot1", "mallory", 81), ("slot2", "alice", 80)):
+        p = host.spawn_job(slot, ["listen", "9000", "60"], job_ad=AD.format(n=n, owner=owner))
+        runs[owner] = (p, wait_ready(host, slot))
+    st = pool.api("GET", "/v1/status", cert="controller")[1]
+    reg = {j["owner"]: j for j in st["jobs"]}
+    assert set(reg) == {"alice", "mallory"}, st
+    for owner, (_, job) in runs.items():
+        ns, key = job["netns"], job["key"]
+        cookie = "0x" + cookie_of(key)[2:].lstrip("0")
+        def reach(dst: str, ns: str = ns) -> bool:
+            code = ("import socket,sys\ntry: socket.create_connection((sys.argv[1],7000),timeout=1.5); print('ok')\n"
+                    "except OSError: print('no')")
+            return sh(["ip", "netns", "exec", ns, "python3", "-c", code, dst]).stdout.strip() == "ok"
+        if owner == "alice":
+            assert reach(WAN_SERVER) and reach(GW), host.larkd_log()[-3000:]
+        else:
+            assert not reach(WAN_SERVER) and not reach(GW), "the blocked job got past the core untagged"
+        def tagged(cookie: str = cookie) -> list[str]:   # flow statistics reach dump-flows within a revalidator round
+            return [f for f in ep_flows(host, cookie) if "priority=101," in f and "n_packets=0," not in f]
+        assert wait_for(tagged), ep_flows(host, cookie)   # its frames went through the label's flows
+    assert "with VLAN 4094, PCP 0" in host.larkd_log()
+    for p, job in runs.values():
+        host.end_job(p, job["netns"])
+        cookie = "0x" + cookie_of(job["key"])[2:].lstrip("0")
+        assert wait_for(lambda c=cookie: ep_flows(host, c) == []), ep_flows(host, cookie)
+    left = host.wait_clean()
+    own = "0x" + LABEL_BRIDGE_COOKIE[2:].lstrip("0")
+    left["ovs"] = [f for f in left.get("ovs", []) if f"cookie={own}," not in f]
+    assert left == {k: [] for k in left}, left
+    assert json.dumps(pool.api("GET", "/v1/status", cert="controller")[1]["totals"]["jobs"]) == "0"
