@@ -28,19 +28,21 @@ class Phase(enum.IntEnum):
     # What other hosts hold for the job (the DHCP server's lease, the pool controller's flows): given back first,
     # while the job's link still exists to send the DHCP RELEASE through.
     RELEASE = 0
+    # The pool controller's flows for the job: after the DHCP lease, so the RELEASE still crosses the pool switch.
+    UNREGISTER = 1
     # The firewall's counters and the veth's: read (and the rules removed) before the veth goes, since the
     # job's summary is built from them.
-    COUNT = 1
+    COUNT = 2
     # The attach mode's objects and the veth itself.
-    UNLINK = 2
+    UNLINK = 3
     # Processes and readers inside the job's netns (the DHCPv6 client, the IPv6 DNS relay, the SciTags firefly
     # reporter, which sends end fireflies from the netns' conntrack table): a running process would keep the
     # namespace alive, a reader needs it there.
-    DRAIN = 3
+    DRAIN = 4
     # The netns; what lived only in it (addresses, routes, the job-netns filter) goes with it.
-    NETNS = 4
+    NETNS = 5
     # Addresses and ports back to the pools last: no new job gets an address the old one may still hold.
-    POOLS = 5
+    POOLS = 6
 
 
 class Resource(Protocol):

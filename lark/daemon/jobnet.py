@@ -158,7 +158,11 @@ class JobNetworker:
         with ctx.stack:
             self.engine.build(ctx, profile.resources, save, undo)
         rec.phase = "ready"
-        self.records.save(rec)
+        try:    # a record that cannot say "ready" (disk full) must not leave a built network behind it
+            self.records.save(rec)
+        except BaseException:
+            undo()
+            raise
 
     def renew_leases(self, keys: set[str]) -> None:
         """Renew the leases of running DHCP jobs that are due (T1, or dhcp_renew_interval when shorter)."""

@@ -466,7 +466,7 @@ class ControllerRegistration(Base):
     """The job at the pool controller, before the answer to the wrapper: the pool switch has the job's flows
     before its program runs. A policy that drops its traffic also revokes its DNS (the forwarder on this host is
     before the switch: name lookups would be its tunnel out)."""
-    name, phase = "controller", Phase.RELEASE
+    name, phase = "controller", Phase.UNREGISTER
 
     def add(self, ctx: JobCtx) -> None:
         assert ctx.net is not None and ctx.profile is not None
@@ -476,7 +476,13 @@ class ControllerRegistration(Base):
         if label:   # [labels] mode = "vlan" at the controller: the EP's switch tags the job's frames (issue 26)
             apply = getattr(ctx.profile.mode, "apply_label", None)
             if apply is not None:
-                apply(net, ctx.names, int(label["vid"]), int(label["pcp"]))
+                if not apply(net, ctx.names, int(label["vid"]), int(label["pcp"])):
+                    # Untagged, its frames would pass a label-scheme core as host traffic, outside the
+                    # controller's policy (a job can ask for a RequestedVLAN port): refused, not run unlabelled.
+                    raise LarkError("the pool controller's label cannot be applied to this job's port",
+                                    job=net.plan.job_id, obj=f"OVS port {ctx.names.host_if}",
+                                    fix="drop RequestedVLAN from the job, or set LARK_OVS_UPLINK; see "
+                                        "docs/controller.md (label scheme)")
             elif ctx.profile.network_type not in _UNLABELLED_WARNED:
                 _UNLABELLED_WARNED.add(ctx.profile.network_type)
                 log.warning("job %s: the pool controller gave it a label (VLAN %s, PCP %s), which only OVS mode "

@@ -142,6 +142,7 @@ def test_the_real_teardown_order_keeps_teardowns_dependencies():
         assert order.index(before_netns) < order.index("netns")
     # The lease is released while the job's link exists to send the RELEASE.
     assert order.index("dhcp-lease") < order.index("veth")
+    assert order.index("dhcp-lease") < order.index("controller")   # the RELEASE crosses the pool switch
     assert order[-1] == "reservations"  # addresses back last
 
 
@@ -176,3 +177,38 @@ def test_a_failure_at_any_step_of_a_nat_job_leaves_nothing_behind(tmp_path, monk
     assert k.of_key("slot1") == set() and net.records.keys() == []
     assert list(net.modes["nat"].pool.entries()) == [] and list(net.ports.entries()) == []
     assert net.engine.keys() == {}  # gc finds nothing either
+
+
+def test_a_label_the_jobs_port_cannot_carry_refuses_the_job():
+    """A job can ask for a RequestedVLAN port, where the EP's switch cannot tag it with the controller's label:
+    untagged, its frames would pass a label-scheme core as host traffic, outside the controller's policy. The
+    registration step refuses it (the engine then undoes the job) instead of running it unlabelled."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from lark.daemon.resources import ControllerRegistration
+    from lark.errors import LarkError
+
+    applied: list[tuple] = []
+
+    class Mode:
+        def __init__(self, can: bool):
+            self.can = can
+
+        def apply_label(self, net, names, vid, pcp) -> bool:
+            applied.append((vid, pcp))
+            return self.can
+
+    controller = SimpleNamespace(register=lambda net, mac: {"label": {"vid": 4094, "pcp": 0}, "blocked_by": "p"})
+    step = ControllerRegistration(SimpleNamespace(controller=controller))
+    net = SimpleNamespace(plan=SimpleNamespace(job_id="7.0"), dns_revoked_by="p", with_addresses=lambda **kw: net)
+
+    def ctx(can: bool):
+        return SimpleNamespace(net=net, names=SimpleNamespace(job_mac="02:00:00:00:00:01", host_if="lkh0"),
+                               profile=SimpleNamespace(bridged=True, mode=Mode(can), network_type="ovs_bridge"),
+                               set_net=lambda n: None)
+    with pytest.raises(LarkError, match="label cannot be applied"):
+        step.add(ctx(False))
+    step.add(ctx(True))     # a port that can carry it: tagged, no refusal
+    assert applied == [(4094, 0), (4094, 0)]
