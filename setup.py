@@ -33,6 +33,7 @@ setup(
             "lark-starter=lark.job.starter_wrapper:main",
             "lark-hook=lark.job.update_hook:main",
             "lark-prepare-job=lark.job.prepare_hook:main",
+            "lark-transfer-plugin=lark.job.transfer_plugin:main",
             "lark-controller=lark.controller.cli:main",
         ]
     },

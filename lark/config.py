@@ -64,6 +64,9 @@ class Config:
     # The sshd larkd runs for a condor_ssh_to_job session in the job's network namespace, as the job's user (the
     # starter's own configuration file; HTCondor's SSH_TO_JOB_SSHD names the same program for the starter).
     ssh_sshd: str = "/usr/sbin/sshd"
+    # Where the real file-transfer plugins are that lark-transfer-plugin wrappers (FILETRANSFER_PLUGINS) stand in
+    # for: larkd runs the one of the wrapper's name from here, in the job's network namespace, as the job's user.
+    transfer_plugin_dir: str = "/usr/libexec/condor"
     # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
     # management address: the figures name slots and running job ids.
     metrics_address: str = ""
@@ -213,6 +216,9 @@ class Config:
         if not os.path.isabs(self.ssh_sshd):
             raise bad("ssh_sshd", f"{self.ssh_sshd!r} is not an absolute path",
                       "name the sshd program, e.g. /usr/sbin/sshd (what SSH_TO_JOB_SSHD names)")
+        if not os.path.isabs(self.transfer_plugin_dir):
+            raise bad("transfer_plugin_dir", f"{self.transfer_plugin_dir!r} is not an absolute path",
+                      "name HTCondor's plugin directory, e.g. /usr/libexec/condor (its LIBEXEC)")
         if not 0 <= self.exit_barrier_wait <= 3600:
             raise bad("exit_barrier_wait", f"{self.exit_barrier_wait!r} is out of 0-3600",
                       "use seconds, e.g. 60 (longer than condor_master takes to restart larkd); 0 turns it off")

@@ -135,11 +135,37 @@ def launcher_problem(path: str) -> str | None:
     return only_root_can_replace(Path(path))
 
 
+def install_transfer_wrappers(directory: Path, wrapper: Path, names: list[str]) -> list[Path]:
+    """`directory/NAME` -> `wrapper` for each plugin name: what FILETRANSFER_PLUGINS names in the shipped
+    50-lark.conf, so that HTCondor's plugins run in the job's network (lark/job/transfer_plugin.py)."""
+    why = only_root_can_replace(wrapper)
+    if why:
+        raise LarkError(f"the transfer plugin wrapper would run code that not only root controls: {why}",
+                        obj=str(wrapper), fix="install Lark in a root-owned venv (docs/install.md)")
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    made = []
+    for name in names:
+        if "/" in name or name in ("", ".", ".."):
+            raise LarkError(f"{name!r} is not a plugin's file name", obj="--transfer-plugins",
+                            fix="name the plugins as in HTCondor's LIBEXEC, e.g. curl_plugin")
+        link = directory / name
+        tmp = directory / f".{name}.new"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(wrapper)
+        os.replace(tmp, link)
+        made.append(link)
+    return made
+
+
 def cmd_install_hook(args: argparse.Namespace) -> int:
     gid = privilegeless_group(args.group)
     install(Path(args.dest), Path(args.python), Path(args.script), gid, args.cc)
     print(f"{args.dest}: setgid {args.group}, runs {args.python} -I {args.script}; "
           f"LARK_HOOK_PREPARE_JOB = {args.dest} (as in the shipped 50-lark.conf)")
+    links = install_transfer_wrappers(Path(args.dest).parent / "transfer", Path(args.transfer_wrapper),
+                                      args.transfer_plugins.split(","))
+    print(f"transfer plugin wrappers: {', '.join(map(str, links))} (FILETRANSFER_PLUGINS in the shipped "
+          "50-lark.conf)")
     return 0
 
 
@@ -153,4 +179,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--script", default=str(Path(sys.executable).parent / "lark-prepare-job"),
                    help="the hook it runs with `python -I` (default: %(default)s)")
     p.add_argument("--cc", default="gcc", help="C compiler (default: %(default)s)")
+    p.add_argument("--transfer-plugins", default="curl_plugin",
+                   help="the file-transfer plugins to run in the job's network, comma-separated (default: "
+                        "%(default)s)")
+    p.add_argument("--transfer-wrapper", default=str(Path(sys.executable).parent / "lark-transfer-plugin"),
+                   help="the wrapper the plugins' symlinks point to (default: %(default)s)")
     p.set_defaults(func=cmd_install_hook)

@@ -33,9 +33,9 @@ from .engine import Engine, TeardownErrors
 from .pins import merge_usage
 from .profiles import NO_NETWORK, Profile, make_profiles
 from .records import FinishedStore, JobRecord, RecordStore
-from .resources import JobCtx, resources
+from .resources import TRANSFER_NETNS, JobCtx, resources
 
-__all__ = ["JobNetworker", "TeardownErrors"]
+__all__ = ["TRANSFER_NETNS", "JobNetworker", "TeardownErrors"]
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,10 @@ class JobNetworker:
               job_ns: int) -> JobRecord:
         self.check_feasible(plan)  # before the record and any kernel object: a refused job leaves nothing
         n = self.names(plan.key)
+        if job_pid == TRANSFER_NETNS:
+            # For the job's file-transfer plugins, before the job has a namespace: one of larkd's making. Made
+            # before the record, named with the job's prefix: if larkd dies here, the sweep finds it by name.
+            job_ns = netns.create(self.netns_path(plan.key))
         rec = JobRecord(key=plan.key, slot=plan.slot, job_id=plan.job_id, starter_pid=starter_pid,
                         starter_start=starter_start, job_pid=job_pid, netns_inode=job_ns, netns=n.netns,
                         host_if=n.host_if if plan.has_network else "", plan=JobNetwork(plan).to_dict())

@@ -209,8 +209,29 @@ def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> Sta
             if not alive(cur, started):
                 raise LarkError("the starter exited while it was read (its pid may now name another process)",
                                 obj=f"pid {pid}, starter pid {cur}", fix="none for the admin: the job is ending")
-            return StarterInfo(cur, started, slot, exe, argv)
+            found = StarterInfo(cur, started, slot, exe, argv)
+            # HTCondor forks the starter to move files (DaemonCore's Create_Thread), and transfer plugins are
+            # that fork's children: the job's starter is the fork's parent, the same program for the same slot.
+            parent = _forked_from(found, wanted)
+            return parent if parent is not None else found
     return None
+
+
+def _forked_from(child: StarterInfo, wanted: set[str]) -> StarterInfo | None:
+    """The starter `child` was forked from (same program, root, same slot, started no later), else None."""
+    try:
+        pid = parent_of(child.pid)
+        if pid <= 1:
+            return None
+        started = start_time(pid)
+        exe, uid, argv = os.readlink(f"/proc/{pid}/exe"), real_uid(pid), cmdline(pid)
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    if exe not in wanted or uid != 0 or started > child.start or slot_from_cmdline(argv) != child.slot:
+        return None
+    if not alive(pid, started):
+        return None
+    return StarterInfo(pid, started, child.slot, exe, argv)
 
 
 def starter_of(peer: Peer, starter_paths: list[str]) -> StarterInfo | None:

@@ -36,6 +36,9 @@ from .profiles import Profile
 from .records import JobRecord, RecordStore
 
 log = logging.getLogger(__name__)
+# A record's job_pid for a network larkd built in a namespace of its own making, for a job's file-transfer plugins
+# before the job has a namespace (lark/daemon/transfer_plugin.py); no process has pid 0.
+TRANSFER_NETNS = 0
 
 
 class Host(Protocol):
@@ -141,7 +144,12 @@ class Netns(Base):
     def add(self, ctx: JobCtx) -> None:
         assert ctx.rec is not None
         path = self.host.netns_path(ctx.key)
-        netns.attach(ctx.rec.job_pid, path, expect_inode=ctx.rec.netns_inode)
+        if ctx.rec.job_pid == TRANSFER_NETNS:    # larkd made it (JobNetworker.setup): check it is still that one
+            if not netns.is_mounted_netns(path) or os.stat(path).st_ino != ctx.rec.netns_inode:
+                raise LarkError("the namespace made for the job's file transfers is gone", job=ctx.job_id,
+                                obj=path, fix="retry the job; lark gc removes what is left")
+        else:
+            netns.attach(ctx.rec.job_pid, path, expect_inode=ctx.rec.netns_inode)
         fd = os.open(path, os.O_RDONLY)
         ctx.stack.callback(os.close, fd)
         ctx.ns_fd = fd

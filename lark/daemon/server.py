@@ -26,13 +26,13 @@ from ..policy.adsource import make_ad_source
 from ..policy.containers import check_container_network
 from ..policy.engine import decide, job_id_of
 from ..policy.startd import JobIdentity
-from . import peercred, ssh_session
+from . import peercred, ssh_session, transfer_plugin
 from .admission import Admission, LogLimit, RateLimit
 from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
-from .jobnet import JobNetworker
+from .jobnet import TRANSFER_NETNS, JobNetworker
 from .metrics import Metrics, machine_mbit, node_totals
 from .pins import Pin, PinStore, merge_usage
-from .records import FinishedStore, RecordStore
+from .records import FinishedStore, JobRecord, RecordStore
 from .reload import reload
 from .sweep import sweep
 from .verify import report, verify_job
@@ -188,45 +188,50 @@ class Larkd:
         `starter`: act only if the slot still belongs to this starter (its exit may be noticed after the
         slot's next job was networked)."""
         async with self._lock(key):
-            pin = self._pin(key)
-            if starter is not None and pin is not None and not pin.same_starter(*starter):
-                return None
+            return await self._release(key, reason, final, starter)
+
+    async def _release(self, key: str, reason: str, final: bool = True,
+                       starter: tuple[int, int] | None = None) -> dict | None:
+        """`release` with the slot's lock held."""
+        pin = self._pin(key)
+        if starter is not None and pin is not None and not pin.same_starter(*starter):
+            return None
+        if final:
+            fd = self.watches.pop(key, None)
+            if fd is not None:
+                self.loop.remove_reader(fd)
+                os.close(fd)
+        had_network = self.records.load(key) is not None
+        t0 = time.perf_counter()
+        try:
+            summary = await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason,
+                                                      pin.carried if pin else None, final)
+            self.metrics.teardown_seconds.observe(time.perf_counter() - t0)
+        except Exception:
+            self.metrics.failed("teardown")
+            raise
+        finally:
+            self.active.discard(key)
+        session_ns = self.session_netns.pop(key, None) if final else None
+        if session_ns is not None:
+            killed = await self.loop.run_in_executor(self.pool, ssh_session.kill_leftovers, session_ns)
+            if killed:
+                log.warning("job on %s ended: killed %d process(es) its ssh sessions left in its network "
+                            "namespace: %s", key, len(killed), killed)
+        if pin is not None:
             if final:
-                fd = self.watches.pop(key, None)
-                if fd is not None:
-                    self.loop.remove_reader(fd)
-                    os.close(fd)
-            had_network = self.records.load(key) is not None
-            t0 = time.perf_counter()
-            try:
-                summary = await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason,
-                                                          pin.carried if pin else None, final)
-                self.metrics.teardown_seconds.observe(time.perf_counter() - t0)
-            except Exception:
-                self.metrics.failed("teardown")
-                raise
-            finally:
-                self.active.discard(key)
-            session_ns = self.session_netns.pop(key, None) if final else None
-            if session_ns is not None:
-                killed = await self.loop.run_in_executor(self.pool, ssh_session.kill_leftovers, session_ns)
-                if killed:
-                    log.warning("job on %s ended: killed %d process(es) its ssh sessions left in its network "
-                                "namespace: %s", key, len(killed), killed)
-            if pin is not None:
-                if final:
-                    if not had_network and pin.carried and pin.job_id:
-                        # Its network was released earlier and not set up again: the carried figures are
-                        # all it moved, and still its one finished record.
-                        summary = dict(pin.carried, job_id=pin.job_id, key=key, ended=time.time(),
-                                       started=pin.first_setup, reason=reason)
-                        self.finished.save(key, summary)
-                    await self.loop.run_in_executor(self.push_pool, self._push_final, pin, summary)
-                    self.pins.drop(key)
-                elif summary is not None:
-                    pin.carried = summary
-                    self.pins.save(pin)
-            return summary
+                if not had_network and pin.carried and pin.job_id:
+                    # Its network was released earlier and not set up again: the carried figures are
+                    # all it moved, and still its one finished record.
+                    summary = dict(pin.carried, job_id=pin.job_id, key=key, ended=time.time(),
+                                   started=pin.first_setup, reason=reason)
+                    self.finished.save(key, summary)
+                await self.loop.run_in_executor(self.push_pool, self._push_final, pin, summary)
+                self.pins.drop(key)
+            elif summary is not None:
+                pin.carried = summary
+                self.pins.save(pin)
+        return summary
 
     def _push_final(self, pin: Pin, summary: dict | None) -> None:
         if self.pusher is not None and summary is not None and pin.schedd:
@@ -392,6 +397,8 @@ class Larkd:
             return await self.op_push(who, barrier=msg.get("barrier") is True)
         if op == "ssh_session" and reader is not None and writer is not None:
             return await self.op_ssh_session(who, msg.get("argv"), reader, writer)
+        if op == "transfer_plugin" and reader is not None and writer is not None:
+            return await self.op_transfer_plugin(who, msg.get("argv"), msg.get("request"), reader, writer)
         if op == "totals":
             # Anyone may ask (the startd's cron runs as the condor user): node-wide sums only, no job named.
             return protocol.ok(**node_totals(self.records, self.acct, self.uplink_mbit))
@@ -430,6 +437,17 @@ class Larkd:
         if os.stat(path).st_ino != rec.netns_inode:
             raise LarkError("the job's network namespace is no longer the one larkd built", job=rec.job_id,
                             obj=path, fix="lark status --verify; the job's network has drifted")
+        self.session_netns[key] = rec.netns_inode   # its leftovers go when the job ends (release)
+        code = await self._run_as_asker(who, rec.job_id, path, command.program(self.cfg.ssh_sshd),
+                                        "ssh session", reader, writer)
+        return protocol.ok(exit_code=code)
+
+    async def _run_as_asker(self, who: peercred.Peer, job_id: str, netns_path: str, program: list[str],
+                            what: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
+        """Run `program` in the job's namespace at `netns_path` as the asker (ssh_session.py says how and why),
+        with the asker's standard descriptors, environment, working directory and cgroups. Answers `started`
+        once it runs (the asker then lets go of its descriptors); returns its exit code. It ends when the asker
+        goes (closes the connection or dies)."""
         pidfd = who.pidfd if who.pidfd is not None else os.pidfd_open(who.pid)
         try:
             peercred.still_same_process(who)   # the pidfd (or pid) is the requester's, not a reused pid's
@@ -442,27 +460,25 @@ class Larkd:
         try:
             join = ssh_session.CgroupJoin(ssh_session.cgroup_join_plan(who.pid))
             proc = await asyncio.create_subprocess_exec(
-                *command.argv(self.cfg.ssh_sshd, path, who.uid, who.gid, env_fd), stdin=fds[0], stdout=fds[1],
-                stderr=fds[2], env=ssh_session.ROOT_ENV, cwd=cwd, start_new_session=True, pass_fds=(env_fd,),
-                preexec_fn=join)
+                *ssh_session.as_job_user(netns_path, who.uid, who.gid, env_fd, program), stdin=fds[0],
+                stdout=fds[1], stderr=fds[2], env=ssh_session.ROOT_ENV, cwd=cwd, start_new_session=True,
+                pass_fds=(env_fd,), preexec_fn=join)
         except subprocess.SubprocessError as e:
-            raise LarkError(f"cannot put the ssh session in the job's cgroups {list(join.files)}: {e}",
-                            job=rec.job_id, obj=f"pid {who.pid}",
-                            fix="mount the cgroup hierarchies read-write where larkd runs; the session then "
-                                "runs without the job's network") from None
+            raise LarkError(f"cannot put the {what} in the job's cgroups {list(join.files)}: {e}",
+                            job=job_id, obj=f"pid {who.pid}",
+                            fix="mount the cgroup hierarchies read-write where larkd runs") from None
         finally:
             for fd in (*fds, env_fd):
                 os.close(fd)
-        self.session_netns[key] = rec.netns_inode   # its leftovers go when the job ends (release)
-        log.info("ssh session of job %s on %s: sshd pid %d in its network namespace", rec.job_id, starter.slot,
-                 proc.pid)
+        log.info("%s of job %s: pid %d (%s) in its network namespace", what, job_id, proc.pid,
+                 os.path.basename(program[0]))
         writer.write(protocol.ok(started=True, pid=proc.pid))
         await writer.drain()
         ended = asyncio.ensure_future(proc.wait())
         gone = asyncio.ensure_future(reader.read())   # b"" once the wrapper closed or died
         await asyncio.wait({ended, gone}, return_when=asyncio.FIRST_COMPLETED)
         gone.cancel()
-        if not ended.done():    # the starter killed the wrapper: the session (its process group) is over
+        if not ended.done():    # the starter killed the wrapper: the program (its process group) is over
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
             try:
@@ -472,8 +488,100 @@ class Larkd:
                     os.killpg(proc.pid, signal.SIGKILL)
                 await ended
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)     # what the session's program left in its group
-        return protocol.ok(exit_code=proc.returncode)
+            os.killpg(proc.pid, signal.SIGKILL)     # what the program left in its group
+        return proc.returncode
+
+    async def op_transfer_plugin(self, who: peercred.Peer, argv: object, request: object,
+                                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+        """A file-transfer plugin, asked for by its wrapper (lark-transfer-plugin), run in the job's network
+        (transfer_plugin.py). Before the job's program starts (input transfer) the job has no namespace yet:
+        larkd builds the job's network, as its policy decides, in a namespace of its own making, which
+        `op_setup` later replaces by the job's own (carrying what the plugins moved). After the job's program
+        (output transfer), the job's own namespace, kept named until the starter exits. An upload's bytes are
+        pushed into the job's ad before the answer, while the job is still in the queue. A refusal carries the
+        plugin's result (every file failed with the reason), which the wrapper hands to HTCondor."""
+        try:
+            command, rec = await self._transfer_plugin_network(who, argv)
+        except LarkError as e:
+            self._log_refusal(who, "refused a transfer plugin of pid %d uid %d: %s", who.pid, who.uid, e)
+            self.metrics.failed(getattr(e, "metric_reason", "refused"))
+            return protocol.error(str(e), results=transfer_plugin.failure_ads(
+                request, f"Lark: this transfer gets no network: {' '.join(str(e).split())}"))
+        key = job_key(rec.slot)
+        code = await self._run_as_asker(who, rec.job_id, self.net.netns_path(key), command.argv(),
+                                        "transfer plugin", reader, writer)
+        if command.upload:
+            await self._push_now(key)
+        return protocol.ok(exit_code=code)
+
+    async def _transfer_plugin_network(self, who: peercred.Peer,
+                                       argv: object) -> tuple[transfer_plugin.PluginCommand, JobRecord]:
+        """The checked plugin command and the job's network it runs in."""
+        command = transfer_plugin.plugin_command(argv, self.cfg.transfer_plugin_dir)
+        if who.uid == 0:
+            raise LarkError("transfer plugins run as the job's user, not root", obj=f"pid {who.pid}",
+                            fix="unset RUN_FILETRANSFER_PLUGINS_WITH_ROOT")
+        starter = peercred.starter_of(who, self.cfg.starter_paths)
+        if starter is None:
+            raise LarkError("only a job's starter runs transfer plugins in the job's network",
+                            obj=f"pid {who.pid} uid {who.uid}", fix="name lark-transfer-plugin in FILETRANSFER_PLUGINS")
+        key = job_key(starter.slot)
+        async with self._lock(key):
+            return command, await self._transfer_network(starter, key)
+
+    async def _transfer_network(self, starter: peercred.StarterInfo, key: str) -> JobRecord:
+        """The slot lock held: the job's network a plugin of this starter's job runs in, built now if the job
+        has none yet."""
+        rec = self.records.load(key)
+        if rec is not None and (rec.starter_pid, rec.starter_start) == (starter.pid, starter.start):
+            if rec.phase != "ready":
+                raise LarkError("the job's network is not ready", job=rec.job_id, obj=f"slot {starter.slot}",
+                                fix="retry; lark status --verify")
+            if os.stat(self.net.netns_path(key)).st_ino != rec.netns_inode:
+                raise LarkError("the job's network namespace is no longer the one larkd built", job=rec.job_id,
+                                obj=self.net.netns_path(key), fix="lark status --verify; the network has drifted")
+            return rec
+        pin = self._pin(key)
+        if pin is not None and pin.same_starter(starter.pid, starter.start) and pin.netns_inode:
+            raise LarkError("the job's network was released while it runs: its transfers get none", job=pin.job_id,
+                            obj=f"slot {starter.slot}", fix="none: a released job stays without a network")
+        if rec is not None:    # the slot's previous job, whose starter's exit is not handled yet
+            await self.loop.run_in_executor(self.pool, self.net.teardown, key, "replaced by a new job")
+        plan = await self.decide_plan(starter, key)
+        if not plan.has_network:
+            raise LarkError(f"the job's policy gives it no network (network type {plan.network_type}), so its "
+                            "file transfers by URL have none either", job=plan.job_id, obj=f"slot {starter.slot}",
+                            fix="move the files through the sandbox (transfer_input_files of local files), or "
+                                "ask for a network in the submit file")
+        pin = self.pin(starter, key, TRANSFER_NETNS)
+        pin.job_id = plan.job_id
+        identity = self.identities.pop((starter.pid, starter.start), None)
+        if identity is not None:
+            pin.schedd, pin.global_job_id = identity.schedd, identity.global_job_id
+        self.pins.save(pin)
+        self.active.add(key)
+        try:
+            t0 = time.perf_counter()
+            built = await self.loop.run_in_executor(self.pool, self.net.setup, plan, starter.pid, starter.start,
+                                                    TRANSFER_NETNS, TRANSFER_NETNS)
+        except Exception as e:
+            self.active.discard(key)
+            tag_failure(e, "setup")
+            raise
+        if key not in self.watches:
+            self.watch(key, starter.pid, starter.start)
+        log.info("networked job %s on %s for its file transfers: %s %s in %.1f ms", plan.job_id, plan.slot,
+                 built.plan["network_type"], built.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
+        return built
+
+    async def _push_now(self, key: str) -> None:
+        """The job's figures into its ad now (an output plugin's bytes, before the job leaves the queue)."""
+        pin = self._pin(key)
+        if self.pusher is None or pin is None or not pin.schedd:
+            return
+        if key in self.active:
+            await self.loop.run_in_executor(self.pool, self.acct.poll)
+        await asyncio.wrap_future(self.push_pool.submit_at(URGENT, lambda: self._push_job(key, pin)))
 
     async def op_verify(self) -> dict:
         """`lark status --verify`: every ready job's kernel objects against its record, read-only; each slot under
@@ -571,6 +679,13 @@ class Larkd:
                 if same_starter and rec.netns_inode == job_ns and rec.phase == "ready":
                     return protocol.ok(plan=rec.plan, env=env_for(rec.plan), reused=True,
                                        exit_barrier=self.exit_barrier())
+                if same_starter and rec.job_pid == TRANSFER_NETNS:
+                    # The input transfer's network (op_transfer_plugin): the job's own replaces it, and what the
+                    # plugins moved is carried into the job's figures.
+                    await self._release(key, "input transfer done", final=False)
+                    rec = None
+            if rec is not None:
+                same_starter = rec.starter_pid == starter.pid and rec.starter_start == starter.start
                 if same_starter:
                     raise LarkError("this slot's job already has a network in another namespace",
                                     job=rec.job_id, obj=f"slot {starter.slot}",
@@ -624,6 +739,9 @@ class Larkd:
         """The namespace this starter's job was first networked in; refuse any other, even after a release."""
         pin = self.pins.load(key)
         if pin is not None and pin.same_starter(starter.pid, starter.start):
+            if pin.netns_inode == TRANSFER_NETNS and job_ns != TRANSFER_NETNS:
+                pin.netns_inode = job_ns    # the job's first setup after its input transfer: now it is pinned
+                self.pins.save(pin)
             if pin.netns_inode != job_ns:
                 raise LarkError("this job was already networked in another network namespace; a job gets one "
                                 "network, in the namespace its starter made", obj=f"slot {starter.slot} "

@@ -47,20 +47,26 @@ class SessionCommand:
     """The sshd the starter asked for, checked: only its configuration file comes from the request."""
     config: str
 
-    def argv(self, sshd: str, netns_path: str, uid: int, gid: int, env_fd: int) -> list[str]:
-        nsenter, setpriv = shutil.which("nsenter"), shutil.which("setpriv")
-        python = shutil.which("python3", path=ROOT_ENV["PATH"])   # the system's: every job user may run it
-        if not nsenter or not setpriv or not python:
-            raise LarkError("nsenter, setpriv or python3 not found", obj="util-linux, python3",
-                            fix="install util-linux and python3 on the execution point")
-        # nsenter (root) joins the job's network namespace only; setpriv becomes the wrapper's user with its
-        # groups, keeps no capability (not even in the bounding set) and sets no_new_privs; the parent-death
-        # signal ends the session with larkd (the wrapper has let go of it by then). Both run as root, so with
-        # larkd's clean environment (ROOT_ENV): the session's, which the job chose (LD_PRELOAD would run its code
-        # in them as root), reaches only sshd, from env_fd, once it is the job's user.
-        return [nsenter, f"--net={netns_path}", "--", setpriv, f"--reuid={uid}", f"--regid={gid}", "--init-groups",
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig", "KILL", "--",
-                python, "-I", "-S", "-c", WITH_ENV_FROM_FD, str(env_fd), sshd, "-i", "-e", "-f", self.config]
+    def program(self, sshd: str) -> list[str]:
+        return [sshd, "-i", "-e", "-f", self.config]
+
+
+def as_job_user(netns_path: str, uid: int, gid: int, env_fd: int, program: list[str]) -> list[str]:
+    """The command line that runs `program` in the job's network namespace as the asker's user (with its groups),
+    with the environment read from `env_fd`: for ssh sessions and transfer plugins alike."""
+    nsenter, setpriv = shutil.which("nsenter"), shutil.which("setpriv")
+    python = shutil.which("python3", path=ROOT_ENV["PATH"])   # the system's: every job user may run it
+    if not nsenter or not setpriv or not python:
+        raise LarkError("nsenter, setpriv or python3 not found", obj="util-linux, python3",
+                        fix="install util-linux and python3 on the execution point")
+    # nsenter (root) joins the job's network namespace only; setpriv becomes the wrapper's user with its
+    # groups, keeps no capability (not even in the bounding set) and sets no_new_privs; the parent-death
+    # signal ends the program with larkd (the wrapper has let go of it by then). Both run as root, so with
+    # larkd's clean environment (ROOT_ENV): the asker's, which the job chose (LD_PRELOAD would run its code
+    # in them as root), reaches only the program, from env_fd, once it is the job's user.
+    return [nsenter, f"--net={netns_path}", "--", setpriv, f"--reuid={uid}", f"--regid={gid}", "--init-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--pdeathsig", "KILL", "--",
+            python, "-I", "-S", "-c", WITH_ENV_FROM_FD, str(env_fd), *program]
 
 
 def session_command(argv: object) -> SessionCommand:

@@ -99,6 +99,26 @@ def attach(pid: int, path: str, expect_inode: int | None = None) -> None:
                                    "(the job's wrapper must wait for larkd's answer)")
 
 
+def create(path: str) -> int:
+    """A new, empty network namespace named at `path` (what `ip netns add` does); its inode. For a job's file
+    transfers before the job has a namespace of its own. Only this thread moves, and it moves back."""
+    if is_mounted_netns(path):
+        raise OSError(errno.EEXIST, f"{path} already names a namespace")
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o444)
+    os.close(fd)
+    home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        _check(_libc.unshare(CLONE_NEWNET), "unshare a network namespace")
+        try:
+            _check(_libc.mount(b"/proc/thread-self/ns/net", path.encode(), b"none", MS_BIND, None),
+                   f"bind-mount a new netns at {path}")
+        finally:
+            setns(home)
+    finally:
+        os.close(home)
+    return os.stat(path).st_ino
+
+
 def verify_named(path: str, inode: int) -> Finding:
     """The job's namespace is still named at `path` (attach's bind mount) and is the one that was authorised."""
     obj = f"netns {os.path.basename(path)}"

@@ -6,6 +6,7 @@ import os
 import socketserver
 import sys
 import threading
+import time
 
 
 class WhoAmI(socketserver.BaseRequestHandler):
@@ -30,7 +31,22 @@ class Sink(socketserver.BaseRequestHandler):
 class Files(http.server.SimpleHTTPRequestHandler):
     """GET serves the directory; PUT stores under up/ (HTCondor's curl plugin uploads output_destination so)."""
 
+    def timed(self, method: str, nbytes: int, started: float) -> None:
+        """One line per transfer, for tests that time goodput at this end (not by anything of Lark's)."""
+        sys.stderr.write(f"transfer {method} {self.path} {self.client_address[0]} {nbytes} "
+                         f"{time.monotonic() - started:.4f}\n")
+        sys.stderr.flush()
+
+    def do_GET(self):
+        started = time.monotonic()
+        super().do_GET()
+        path = self.translate_path(self.path)
+        if os.path.isfile(path):
+            self.timed("GET", os.path.getsize(path), started)
+
     def do_PUT(self):
+        started = time.monotonic()
+        received = 0
         rel = self.path.split("?", 1)[0].lstrip("/")
         parts = [p for p in rel.split("/") if p not in ("", ".", "..")]
         if len(parts) < 2 or parts[0] != "up":
@@ -43,6 +59,7 @@ class Files(http.server.SimpleHTTPRequestHandler):
             if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
                 while (size := int(self.rfile.readline().split(b";")[0], 16)):
                     f.write(self.rfile.read(size))
+                    received += size
                     self.rfile.readline()
                 self.rfile.readline()
             else:
@@ -52,7 +69,9 @@ class Files(http.server.SimpleHTTPRequestHandler):
                         break
                     f.write(chunk)
                     length -= len(chunk)
+                    received += len(chunk)
         os.replace(dest + ".part", dest)
+        self.timed("PUT", received, started)
         self.send_response(201)
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -84,4 +103,5 @@ if __name__ == "__main__":
         sys.argv.remove("--log-requests")
     else:
         Files.log_message = lambda *a: None
+        Files.timed = lambda *a: None
     main()

@@ -16,7 +16,7 @@ CONFIG = "/var/lib/condor/execute/dir_1/scratch/.condor_ssh_to_job_1/sshd_config
 
 def test_the_starters_sshd_command_is_accepted_and_always_runs_this_hosts_sshd():
     cmd = ssh_session.session_command(["/some/where/sshd", "-i", "-e", "-f", CONFIG])
-    argv = cmd.argv("/usr/sbin/sshd", "/run/lark/netns/slot1", 1000, 1000, 3)
+    argv = ssh_session.as_job_user("/run/lark/netns/slot1", 1000, 1000, 3, cmd.program("/usr/sbin/sshd"))
     assert argv[argv.index("--", 2) + 1].endswith("setpriv")
     assert argv[-5:] == ["/usr/sbin/sshd", "-i", "-e", "-f", CONFIG]   # not the requester's program path
     for flag in ("--net=/run/lark/netns/slot1", "--reuid=1000", "--regid=1000", "--init-groups", "--inh-caps=-all",
