@@ -60,8 +60,9 @@ def loads(data: bytes | str) -> object:
         raise ValueError("extra data after the JSON document")
     return obj
 
-# ssh_session answers twice on its connection (started, then the exit code): daemon/ssh_session.py.
-OPS = {"ping", "check", "setup", "release", "stats", "push", "status", "gc", "totals", "verify", "ssh_session"}
+# ssh_session and transfer_plugin answer twice on their connection (started, then the exit code): daemon/ssh_session.py.
+OPS = {"ping", "check", "setup", "release", "stats", "push", "status", "gc", "totals", "verify", "ssh_session",
+       "transfer_plugin"}
 
 
 def encode(msg: dict) -> bytes:
