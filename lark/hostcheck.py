@@ -245,18 +245,36 @@ def pid_namespaces(run: Runner) -> Finding:
                    "on a soft kill outside the job's run (a held job waits for the hard kill)")
 
 
+# Plugins that make no connection (data: URLs): they may run as HTCondor runs them.
+NO_NETWORK_PLUGINS = ("data_plugin",)
+
+
+def unwrapped_plugins(run: Runner) -> list[str]:
+    """FILETRANSFER_PLUGINS entries that would move data with this machine's network: neither Lark's wrapper
+    ($(LARK_LIBEXEC)/transfer/NAME, made by `lark install-hook`) nor a plugin that makes no connection."""
+    listed = condor_param(run, "FILETRANSFER_PLUGINS")
+    if listed is None:    # HTCondor's default list: its own plugins, none of them wrapped
+        return ["curl_plugin (HTCondor's default FILETRANSFER_PLUGINS)"]
+    wrapped_dir = os.path.join(condor_param(run, "LARK_LIBEXEC") or "/opt/lark/libexec", "transfer")
+    return [p for p in listed.replace(",", " ").split()
+            if os.path.dirname(p) != wrapped_dir and os.path.basename(p) not in NO_NETWORK_PLUGINS]
+
+
 def file_transfer(run: Runner) -> Finding:
     """What of a job's data HTCondor moves outside the job's network (docs/design.md, "File transfer")."""
     url = (condor_param(run, "ENABLE_URL_TRANSFERS") or "true").lower() not in ("false", "0", "no")
     gaps = ["sandbox transfer to and from the shadow (HTCondor counts it in BytesRecvd / BytesSent)"]
-    if url:
-        gaps.append("URL transfers by the pool's plugins")
-    return Finding("transfer", "; ".join(gaps), not url,
+    unwrapped = unwrapped_plugins(run) if url else []
+    if unwrapped:
+        gaps.append(f"URL transfers by plugins not run in the job's network: {', '.join(unwrapped)}")
+    return Finding("transfer", "; ".join(gaps), not unwrapped,
                    "run by the starter in this machine's network namespace, not the job's: not limited to the "
-                   "job's Bandwidth, not in its Network* figures, not filtered; submitters' own plugins are "
-                   "refused at submit (55-lark-access-point.conf) and here (`plugins` line)",
-                   "ENABLE_URL_TRANSFERS = False on this execution point if URL transfers must not bypass the "
-                   "job's network (jobs with URL inputs or outputs then fail)" if url else "")
+                   "job's Bandwidth, not in its Network* figures, not filtered (URL transfers by Lark's wrapped "
+                   "plugins run in the job's network); submitters' own plugins are refused at submit "
+                   "(55-lark-access-point.conf) and here (`plugins` line)",
+                   "list only $(LARK_LIBEXEC)/transfer/NAME plugins (lark install-hook --transfer-plugins) and "
+                   "data_plugin in FILETRANSFER_PLUGINS, as the shipped 50-lark.conf does, or ENABLE_URL_TRANSFERS "
+                   "= False (jobs with URL inputs or outputs then fail)" if unwrapped else "")
 
 
 def own_plugins(run: Runner) -> Finding:

@@ -225,6 +225,16 @@ def test_transfer_gap_is_named_and_url_transfers_off_closes_the_part_lark_can_cl
     assert off.ok and "URL" not in off.found and "sandbox transfer" in off.found and not off.fix
 
 
+def test_url_transfers_by_larks_wrapped_plugins_are_no_gap_and_an_unwrapped_one_is_named():
+    shipped = {"LARK_LIBEXEC": "/opt/lark/libexec",
+               "FILETRANSFER_PLUGINS": "/opt/lark/libexec/transfer/curl_plugin, /usr/libexec/condor/data_plugin"}
+    f = hostcheck.file_transfer(config_runner(shipped))
+    assert f.ok and "URL" not in f.found and "sandbox transfer" in f.found
+    site = dict(shipped, FILETRANSFER_PLUGINS=shipped["FILETRANSFER_PLUGINS"] + ", /usr/libexec/condor/stash_plugin")
+    f = hostcheck.file_transfer(config_runner(site))
+    assert not f.ok and "/usr/libexec/condor/stash_plugin" in f.found and "lark install-hook" in f.fix
+
+
 def test_no_network_namespaces_allowed_is_reported_by_doctor_and_refused_by_the_check(tmp_path):
     """Issue 23 item 5: `user.max_net_namespaces = 0` (OSG/EGI hardening) stops root too: no job can start."""
     from lark.kernel.netns import net_namespaces_forbidden
