@@ -3,7 +3,8 @@
 A resource is one piece of per-job state (the netns, the veth, the lease, the firewall rules...): `add` makes it,
 `remove` takes it away by the job's names alone (idempotent, so it serves a finished job, a half-built one and an
 orphan alike), `keys` says which job keys still hold one (what `lark gc` looks for). The engine adds a profile's
-resources in list order, saving the job's record after each step; teardown runs every resource's `remove` (all of
+resources in list order, saving the job's record after each step (the record store writes the file only when a
+crash would need the change: records.crash_view); teardown runs every resource's `remove` (all of
 them, whatever the profile: an orphan's mode is not known), phase by phase and within a phase in reverse list
 order, going on past failures; gc's orphans are the union of every resource's `keys`. Setup, teardown and gc thus
 come from one list and cannot drift apart.

@@ -1,8 +1,18 @@
-"""Job records: one JSON file per job, replaced atomically after every completed step.
+"""Job records: one JSON file per job, replaced atomically; in memory, one live object per job.
 
 Records live in run_dir (tmpfs) because they describe kernel objects that do not survive a reboot either;
 an atomic rename is enough to survive the daemon being killed at any point. Finished-job accounting goes to
 state_dir, which does persist.
+
+When the file is written: the record is saved before a job's first kernel object exists (jobnet.setup) and after
+every setup step that changed it, but while the job is still setting up a save writes the file only when it changed
+something a restart after a crash reads from it (`crash_view`); the "ready" save and every later one write the
+whole record. After a crash mid-setup larkd's restart adopts only ready records and tears everything else down
+(reconcile, sweep, `lark gc`), working from the job's key: the addresses and the inbound port are locks named by
+the key, the limits go with the veth, the DNS revocation with the job. What that teardown does read from a record
+is the job's identity, its network type (which mode to detach from) and its DHCP lease (to release it at the
+server): a step that changes those is written at once. A NAT job's setup thus writes its record twice (before the
+first kernel object, and "ready"), not after every step.
 """
 from __future__ import annotations
 
@@ -36,6 +46,21 @@ class JobRecord:
 
 
 _RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
+# Plan fields a teardown after a crash mid-setup finds from the job's key (address and port locks named by it) or
+# does not need (what the job was told, limits that go with its veth): changing only these does not write a
+# record that is still setting up. Any other field (the DHCP lease, the network type, one added later) does.
+FOUND_BY_KEY = frozenset({"ipv4", "ipv4_prefix", "gateway4", "ipv6", "ipv6_prefix", "gateway6", "inbound_port",
+                          "dns_revoked_by", "rate_limit_mbit"})
+
+
+def crash_view(rec: JobRecord) -> str | None:
+    """What a restart reads from the record of a job still setting up, as text; None once it is ready or being torn
+    down (every save then writes: "ready" is what a restart adopts, "tearing-down" what it must not)."""
+    if rec.phase != "setting-up":
+        return None
+    d = {k: v for k, v in vars(rec).items() if k not in ("plan", "shaped")}
+    d["plan"] = {k: v for k, v in rec.plan.items() if k not in FOUND_BY_KEY}
+    return json.dumps(d, sort_keys=True)
 
 
 class RecordStore(LiveFiles):
@@ -46,8 +71,13 @@ class RecordStore(LiveFiles):
     setup marks it ready wrote two copies before, and the later save lost the other's change.
     """
 
-    def save(self, rec: JobRecord) -> None:
-        self._store(rec.key, rec)  # a new job's record replaces the one of the job before it
+    def save(self, rec: JobRecord) -> bool:
+        """The record as the key's live one, its file written unless it is setting up and changed nothing a crash
+        needs (`crash_view`); True when written. A new job's record replaces the one of the job before it."""
+        return self._store(rec.key, rec)
+
+    def _crash_view(self, obj: JobRecord) -> str | None:
+        return crash_view(obj)
 
     def load(self, key: str) -> JobRecord | None:
         with self._lock:
