@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import os
+import threading
 import time
-from typing import overload
+from typing import NamedTuple, cast, overload
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -23,22 +25,50 @@ VETH_FIX = ("something other than larkd deleted or changed the job's veth (`ip l
             "that manages lk-* devices)")
 
 
+class VethIndexes(NamedTuple):
+    host: int   # the host end's index (larkd's netns)
+    job: int    # the job end's index, in the job's netns
+
+
 def create_veth(ipr: IPRoute, host_if: str, job_if: str, ns_fd: int, job: str, job_mac: str | None = None,
-                mtu: int | None = None) -> None:
+                mtu: int | None = None) -> VethIndexes | None:
+    """The job's veth pair, the host end up; its ends' indexes when larkd's raw socket made it (from the create
+    request's echo: no read-back), else None (made through `ipr`, a pyroute2 IPRoute of another netns: look them
+    up). The job end's index also goes to this thread's next `bring_up_job_side` in that netns."""
     # Creating the peer directly in the target netns avoids a 20 ms move between namespaces.
-    peer = {"ifname": job_if, "net_ns_fd": ns_fd}
-    if job_mac:
-        peer["address"] = job_mac
-    extra = {}
-    if mtu:  # both ends in the same message (lark/kernel/mtu.py decides it)
-        peer["mtu"] = extra["mtu"] = mtu
+    raw = host_rtnl(ipr)
     try:
+        if raw is not None:
+            made = VethIndexes(*raw.veth_add(host_if, job_if, ns_fd, peer_address=job_mac, mtu=mtu))
+            _made.veth = (os.fstat(ns_fd).st_ino, job_if, made.job)
+            return made
+        peer = {"ifname": job_if, "net_ns_fd": ns_fd}
+        if job_mac:
+            peer["address"] = job_mac
+        extra = {}
+        if mtu:  # both ends in the same message (lark/kernel/mtu.py decides it)
+            peer["mtu"] = extra["mtu"] = mtu
         ipr.link("add", ifname=host_if, kind="veth", state="up", peer=peer, **extra)
+        return None
     except NetlinkError as e:
         if e.code == 17:  # EEXIST: a leftover from a crashed setup of this slot
             raise LarkError("host interface already exists", job=job, obj=host_if,
                             fix="run `lark gc` to remove leftovers of a crashed setup") from None
         raise LarkError(f"cannot create veth pair: {e}", job=job, obj=host_if) from None
+
+
+# The job end's index of the veth this thread made last: (the job netns's inode, the job end's name, its index).
+# A setup's worker thread creates the veth, then brings its job end up through netns.netlink_in in that netns.
+_made = threading.local()
+
+
+def _made_index(nipr: JobNetlink, job_if: str) -> int | None:
+    """The job end's index as create_veth's echo gave it, if this thread made `job_if` in `nipr`'s netns (once)."""
+    made = getattr(_made, "veth", None)
+    _made.veth = None
+    if made is not None and made[0] == nipr.ns_inode and made[1] == job_if:
+        return int(made[2])
+    return None
 
 
 @overload
@@ -53,7 +83,9 @@ def bring_up_job_side(nipr: IPRoute, job_if: str | None) -> int | None:
         raw.link_up(1)
         if not job_if:
             return None
-        idx = raw.link_index(job_if)
+        idx = _made_index(cast(JobNetlink, nipr), job_if)
+        if idx is None:
+            idx = raw.link_index(job_if)
         raw.link_up(idx)
         return idx
     nipr.link("set", index=1, state="up")

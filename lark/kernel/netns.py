@@ -183,6 +183,7 @@ class JobNetlink:
     ~0.5 ms, more than everything a NAT job's setup asks in its netns through `rtnl`)."""
 
     def __init__(self, ns_fd: int) -> None:
+        self.ns_inode = os.fstat(ns_fd).st_ino  # which netns (links.py matches the veth it made there)
         self._ns_fd = os.dup(ns_fd)  # the caller may close its descriptor before the IPRoute is made
         try:
             with entered(ns_fd):

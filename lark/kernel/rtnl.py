@@ -28,6 +28,7 @@ from pyroute2.netlink import (
     NLM_F_ACK,
     NLM_F_CREATE,
     NLM_F_DUMP,
+    NLM_F_ECHO,
     NLM_F_EXCL,
     NLM_F_REQUEST,
     NLMSG_DONE,
@@ -167,6 +168,36 @@ class Rtnl:
             oif = route.get_attr("RTA_OIF")
             out.append((int(metric) if metric is not None else None, int(oif) if oif is not None else None))
         return out
+
+    def veth_add(self, ifname: str, peer: str, peer_ns_fd: int, *, peer_address: str | None = None,
+                 mtu: int | None = None) -> tuple[int, int]:
+        """`ip link add IFNAME [mtu M] up type veth peer name PEER netns FD [address A] [mtu M]`, one request: the
+        two ends' indexes (this end's here, the peer's in its netns). They come from the kernel's NLM_F_ECHO of the
+        new device (Linux 6.3+), so nothing is read back by name; a kernel that does not echo gets one RTM_GETLINK.
+        """
+        peer_attrs: list[tuple[str, object]] = [("IFLA_IFNAME", peer), ("IFLA_NET_NS_FD", peer_ns_fd)]
+        if peer_address:
+            peer_attrs.append(("IFLA_ADDRESS", peer_address))
+        attrs: list[tuple[str, object]] = [("IFLA_IFNAME", ifname)]
+        if mtu:
+            peer_attrs.append(("IFLA_MTU", mtu))
+            attrs.append(("IFLA_MTU", mtu))
+        attrs.append(("IFLA_LINKINFO", {"attrs": [
+            ("IFLA_INFO_KIND", "veth"),
+            ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", {"attrs": peer_attrs})]})]}))
+        msg = ifinfmsg()
+        msg["family"] = socket.AF_UNSPEC
+        msg["flags"] = msg["change"] = IFF_UP
+        msg["attrs"] = attrs
+        echo = self.request(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ECHO, msg)
+        if echo is None or echo["header"]["type"] != RTM_NEWLINK or echo.get_attr("IFLA_IFNAME") != ifname:
+            echo = self._link(ifname, 0)  # no echo (Linux < 6.3): the new device by name
+            if echo is None:
+                raise NetlinkError(errno.ENODEV, f"no answer for the new device {ifname}")
+        index = int(echo["index"])
+        # IFLA_LINK is the peer's index; the kernel leaves it out when it equals the device's own (nla_put_iflink).
+        link = echo.get_attr("IFLA_LINK")
+        return index, int(link) if link is not None else index
 
     def addr_add(self, index: int, address: str, prefixlen: int, flags: int = 0) -> None:
         ip = ipaddress.ip_address(address)

@@ -7,6 +7,7 @@ import json
 import os
 import secrets
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -201,3 +202,87 @@ def test_the_default_route_dump_is_what_pyroute2_returns_among_host_routes(ns: s
         assert got == want
     finally:
         os.close(fd)
+
+
+# In a netns of the test's own (the raw path serves only larkd's home netns): one veth made through the raw socket
+# into job netns j1, the same made through pyroute2 (an IPRoute of another "host" netns, h2) into j2; twice each
+# (EEXIST). The job end is brought up with rtnl.link_index broken: its index must come from the create's echo.
+VETH = r"""
+import json, os, sys
+from pyroute2 import IPRoute
+from lark.errors import LarkError
+from lark.kernel import links, netns, rtnl
+
+def fd(name):
+    return os.open(f"/run/netns/{name}", os.O_RDONLY)
+
+h2, j1, j2 = sys.argv[1:4]
+echoes = tuple(int(x) for x in os.uname().release.split(".")[:2]) >= (6, 3)  # NLM_F_ECHO on RTM_NEWLINK
+out = {}
+def no_lookup(*a):
+    raise AssertionError("an index was read back")
+with IPRoute() as here:
+    real_link = rtnl.Rtnl._link
+    if echoes:
+        rtnl.Rtnl._link = no_lookup
+    made = links.create_veth(here, "lk-a", "eth0", fd(j1), "1.0", "02:00:00:00:00:07", 1400)
+    rtnl.Rtnl._link = real_link
+    out["raw"] = list(made)
+    real, rtnl.Rtnl.link_index = rtnl.Rtnl.link_index, no_lookup
+    with netns.netlink_in(fd(j1)) as nipr:
+        out["raw_up"] = links.bring_up_job_side(nipr, "eth0")
+    rtnl.Rtnl.link_index = real
+    try:
+        links.create_veth(here, "lk-a", "eth0", fd(j1), "1.0")
+    except LarkError as e:
+        out["raw_again"] = str(e)
+with netns.entered(fd(h2)):
+    there = IPRoute()
+with there:
+    out["pyroute2"] = links.create_veth(there, "lk-a", "eth0", fd(j2), "1.0", "02:00:00:00:00:07", 1400)
+    with netns.netlink_in(fd(j2)) as nipr:
+        out["pyroute2_up"] = links.bring_up_job_side(nipr, "eth0")
+    try:
+        links.create_veth(there, "lk-a", "eth0", fd(j2), "1.0")
+    except LarkError as e:
+        out["pyroute2_again"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def link_view(ns: str, dev: str) -> dict:
+    """`ip -d link show DEV` without what differs between two equal devices (indexes, the random MAC of the host
+    end, the peer's netns id, carrier timing)."""
+    d = json.loads(sh("ip", "-n", ns, "-d", "-j", "link", "show", dev))[0]
+    for k in ("ifindex", "link_index", "link_netnsid", "operstate", "broadcast", "link", "altnames"):
+        d.pop(k, None)
+    if dev.startswith("lk-"):
+        d.pop("address", None)
+    d["flags"] = sorted(f for f in d["flags"] if f not in ("NO-CARRIER", "LOWER_UP"))
+    return d
+
+
+def test_the_veth_made_on_the_raw_socket_is_pyroute2s_and_its_indexes_come_from_the_echo() -> None:
+    names = [f"lark-rtnl-{secrets.token_hex(3)}" for _ in range(4)]  # h1 (where it runs), h2, j1, j2
+    for n in names:
+        sh("ip", "netns", "add", n)
+    try:
+        h1, h2, j1, j2 = names
+        cp = subprocess.run(["ip", "netns", "exec", h1, sys.executable, "-c", VETH, h2, j1, j2], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+        assert cp.returncode == 0, cp.stderr
+        out = json.loads(cp.stdout)
+        host_idx = json.loads(sh("ip", "-n", h1, "-j", "link", "show", "lk-a"))[0]["ifindex"]
+        job_idx = json.loads(sh("ip", "-n", j1, "-j", "link", "show", "eth0"))[0]["ifindex"]
+        assert out["raw"] == [host_idx, job_idx] and out["raw_up"] == job_idx
+        assert out["pyroute2"] is None  # made through the IPRoute: the caller looks the indexes up
+        assert out["pyroute2_up"] == json.loads(sh("ip", "-n", j2, "-j", "link", "show", "eth0"))[0]["ifindex"]
+        assert out["raw_again"] == out["pyroute2_again"] and "already exists" in out["raw_again"]
+        assert link_view(h1, "lk-a") == link_view(h2, "lk-a")
+        assert link_view(j1, "eth0") == link_view(j2, "eth0")
+        raw_host = link_view(h1, "lk-a")
+        assert raw_host["mtu"] == 1400 and "UP" in raw_host["flags"] and raw_host["linkinfo"]["info_kind"] == "veth"
+        assert link_view(j1, "eth0")["address"] == "02:00:00:00:00:07"
+    finally:
+        for n in names:
+            subprocess.run(["ip", "netns", "del", n])
