@@ -3,8 +3,9 @@
 The EP marks each job's frames on its uplink with the job's *label*, an 802.1Q tag the controller chose and returned
 in the registration answer: the VLAN id names the job's isolation domain (its slice; COMMON_VID when it has none;
 BLOCKED_VID when a drop policy selects it) and the priority bits (PCP) carry its WAN action (0 none, 1 drop, 2+i
-steer out wan_ports[i]). The EP does the per-job part locally (the job's port, MAC and address, anti-spoofing) and
-delivers a tagged frame from its uplink only to its jobs of that VLAN (edge_flows: what an EP switch runs). The core
+steer out wan_ports[i]). The EP does the per-job part locally (the job's port, MAC and address, anti-spoofing),
+delivers between its own jobs as the labels allow and a tagged frame from its uplink only to its jobs of that VLAN
+(lark.labelflows, which edge_flows runs on a bare EP switch and larkd's OVS bridge runs too). The core
 (core_flows) checks, per EP, that tagged frames come in by that EP's port with a source address in its range, drops
 the blocked VLAN, turns the PCP into the WAN metadata of the usual pipeline, and keeps the tag on frames to another
 job (NORMAL switches them within their VLAN, so they reach only jobs of the same slice) while it pops the tag on
@@ -21,16 +22,15 @@ import ipaddress
 import logging
 import re
 
+from .. import labelflows
+from ..labelflows import BLOCKED_VID, COMMON_VID, VID_PRESENT
 from .config import ControllerConfig, Policy
 from .model import JobReg
 from .pipeline import ETH_IP, ETH_IP6, T_SLICE, T_WAN, WAN_SHIFT, Flow
 
 log = logging.getLogger(__name__)
 ETH_ARP = 0x0806
-VID_PRESENT = 0x1000                  # OFPVID_PRESENT: matches any tagged frame with the mask below
-ANY_TAG = (VID_PRESENT, VID_PRESENT)
-COMMON_VID = 1                        # a job in no slice: its frames join the untagged domain at the core
-BLOCKED_VID = 4094                    # a job a drop policy selects: dropped from every port
+ANY_TAG = (VID_PRESENT, VID_PRESENT)  # matches any tagged frame
 FIRST_SLICE_VID, LAST_SLICE_VID = 2, 4093   # 4,092 slices at most
 MAX_PCP = 7
 # priorities: table 0 (per EP) and table 1 (per WAN action); above the per-job mode's, below a singled-out drop (400)
@@ -110,32 +110,11 @@ def core_flows(cfg: ControllerConfig) -> list[Flow]:
 
 
 def edge_flows(jobs: list[tuple[JobReg, int, int, str]], uplink: str) -> list[str]:
-    """What an EP's own switch runs for its jobs, as `ovs-ofctl add-flows` lines (OpenFlow 1.3): `jobs` are
-    (job, vid, pcp, the job's port) as the controller answered. Up: only the job's own MAC and addresses, tagged with
-    its label, go out the uplink (a blocked job's too: the core drops its VLAN); anything else from its port is dropped
-    (the EP's per-job anti-spoofing). Down: a frame tagged with a job's VLAN reaches it untagged, an untagged frame
-    reaches every job but a blocked one, and nothing reaches a blocked job."""
-    out: list[str] = []
-    bcast: dict[int, list[str]] = {}
-    for job, vid, pcp, port in jobs:
-        push = f"push_vlan:0x8100,set_field:{VID_PRESENT | vid}->vlan_vid,set_field:{pcp}->vlan_pcp,output:{uplink}"
-        for a in job.ipv4:
-            out += [f"priority=300,in_port={port},dl_src={job.mac},ip,nw_src={a},actions={push}",
-                    f"priority=300,in_port={port},dl_src={job.mac},arp,arp_spa={a},actions={push}"]
-        for a in job.ipv6:
-            out.append(f"priority=300,in_port={port},dl_src={job.mac},ipv6,ipv6_src={a},actions={push}")
-        out.append(f"priority=100,in_port={port},actions=drop")
-        if vid == BLOCKED_VID:
-            continue   # up tagged as blocked (the core drops it there too), nothing down
-        out += [f"priority=300,in_port={uplink},dl_vlan={vid},dl_dst={job.mac},actions=pop_vlan,output:{port}",
-                f"priority=300,in_port={uplink},vlan_tci=0x0000/0x1000,dl_dst={job.mac},actions=output:{port}"]
-        bcast.setdefault(vid, []).append(port)
-    for vid, ports in sorted(bcast.items()):
-        out.append(f"priority=200,in_port={uplink},dl_vlan={vid},dl_dst=01:00:00:00:00:00/01:00:00:00:00:00,"
-                   f"actions=pop_vlan,{','.join(f'output:{p}' for p in ports)}")
-    every = [p for ports in bcast.values() for p in ports]
-    if every:
-        out.append(f"priority=200,in_port={uplink},vlan_tci=0x0000/0x1000,dl_dst=01:00:00:00:00:00/01:00:00:00:00:00,"
-                   f"actions={','.join(f'output:{p}' for p in every)}")
-    out.append("priority=0,actions=drop")
-    return out
+    """What an EP's own switch runs for its jobs, as `ovs-ofctl add-flows` lines (OpenFlow 1.3), on a switch with
+    nothing else on it (no NORMAL, no host port): `jobs` are (job, vid, pcp, the job's port) as the controller
+    answered. The flows are lark.labelflows', the ones larkd's OVS bridge runs: only the job's own MAC and addresses
+    leave its port, tagged with its label; same-EP delivery and multicast obey the labels as the core does between
+    EPs; down, a frame tagged with a job's VLAN reaches it untagged, an untagged one every job but a blocked one."""
+    return labelflows.edge_flows([labelflows.EdgeJob(job.mac, port, vid, pcp, labelflows.own_up(job.mac, job.ipv4,
+                                                                                                 job.ipv6))
+                                  for job, vid, pcp, port in jobs], uplink, normal=False)

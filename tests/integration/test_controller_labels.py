@@ -6,7 +6,7 @@ import shutil
 import tempfile
 
 import pytest
-
+from helpers.frames import frame_arrives
 from helpers.sdn import BRIDGE, DROP_MALLORY, GW, SLICE_AND_WAN_POLICIES, WAN_SERVER, sh, started_pool
 
 from lark.controller import labels
@@ -14,12 +14,8 @@ from lark.controller.model import JobReg
 
 pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
 
-# the paper's policies (drop mallory, per-user slices, students off the WAN, cms steered) and a drop naming one job
-POLICIES = DROP_MALLORY + SLICE_AND_WAN_POLICIES + """
-[[policy]]
-name = "one-job"
-kind = "drop"
-select = 'LarkJobId == "34.0"'
+# the label scheme with the two EPs' ports and address ranges
+LABELS_AND_EPS = """
 [labels]
 mode = "vlan"
 [ep.ep1]
@@ -29,12 +25,19 @@ addresses = ["10.77.1.16/28"]
 ports = ["pe2"]
 addresses = ["10.77.1.32/28"]
 """
+# the paper's policies (drop mallory, per-user slices, students off the WAN, cms steered) and a drop naming one job
+POLICIES = DROP_MALLORY + SLICE_AND_WAN_POLICIES + """
+[[policy]]
+name = "one-job"
+kind = "drop"
+select = 'LarkJobId == "34.0"'
+""" + LABELS_AND_EPS
 EDGES = {"ep1": ("edge1", "pe1", "pc1"), "ep2": ("edge2", "pe2", "pc2")}   # EP -> its bridge, core port, uplink
 
 
 @pytest.fixture
-def pool(tmp_path):
-    yield from started_pool(str(tmp_path), POLICIES)
+def pool(tmp_path, request):
+    yield from started_pool(str(tmp_path), getattr(request, "param", POLICIES))
 
 
 def make_edges(pool) -> None:
@@ -152,3 +155,31 @@ def test_a_label_from_the_wrong_port_is_dropped(pool):
     assert pool.connects("eve2", pool.ip("alice1"))
     drops = [f for f in pool.flows() if f"priority={labels.P_TAGGED_FOREIGN}," in f]
     assert drops and any("n_packets=0" not in f for f in drops), drops
+
+# alice's jobs in a slice, bob's in none (COMMON_VID: its frames join the untagged domain at the core)
+ALICE_SLICED = """
+[[policy]]
+name = "slices"
+kind = "slice"
+select = 'Owner == "alice"'
+""" + LABELS_AND_EPS
+
+
+@pytest.mark.parametrize("pool", [ALICE_SLICED], indirect=True)
+def test_a_frame_a_job_tags_itself_reaches_no_other_slice(pool):
+    """bob's job on EP 2 (in no slice) sends frames 802.1Q-tagged with alice's slice's VLAN id, from its own MAC and
+    address, to alice's job on EP 1: none arrives, as its port lets out only untagged frames, which its own label
+    then tags. The core here parses both tags of a double-tagged frame (`vlan-limit=0`, as a hardware switch may):
+    had bob's port let its own tag through under its label, the core would pop the outer tag (bob's COMMON_VID)
+    and switch the frame by the inner one, into alice's slice. The control: the same frame untagged, from alice's
+    job on EP 2, arrives."""
+    pool.ovs.vsctl("set", "Open_vSwitch", ".", "other_config:vlan-limit=0")
+    make_edges(pool)
+    for name, ep, owner, n in (("alice1", "ep1", "alice", 20), ("alice2", "ep2", "alice", 33),
+                               ("bob", "ep2", "bob", 34)):
+        add_job(pool, name, ep, owner, n)
+    got = register_all(pool)
+    assert got["alice1"][0] == got["alice2"][0] != labels.COMMON_VID and got["bob"][0] == labels.COMMON_VID, got
+    ns = {name: j["ns"] for name, j in pool.jobs.items()}
+    assert frame_arrives(ns["alice2"], ns["alice1"], 0)
+    assert not frame_arrives(ns["bob"], ns["alice1"], got["alice1"][0]), "a frame bob tagged crossed into alice's slice"

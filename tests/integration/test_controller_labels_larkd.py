@@ -4,13 +4,17 @@ core switch is a second bridge of the same OVS, the EP's uplink a veth pair into
 larkd's bridge tags each job's frames toward the uplink with the label the registration answered (lark/kernel/attach/
 ovs.py label_flows, under the job's cookie): the core drops the blocked VLAN, so a dropped owner's job reaches nothing
 while an allowed one reaches the WAN host; untagged, both would pass the core as host traffic. Teardown leaves no flow
-with the job's cookie."""
+with the job's cookie. Jobs of one EP reach each other only as their labels allow (lark/labelflows.py: the core's rule,
+applied on the EP), and a frame a job tags itself reaches no other slice."""
 import copy
 import json
+import re
 import shutil
+import subprocess
 
 import pytest
-from helpers.sdn import DROP_MALLORY, GW, WAN_SERVER, SdnPool, sh
+from helpers.frames import frame_arrives, job_addr
+from helpers.sdn import DROP_MALLORY, GW, SERVER_PY, WAN_SERVER, SdnPool, sh
 from helpers.waits import wait_for, wait_ready
 
 from lark.controller import certs
@@ -24,14 +28,21 @@ mode = "vlan"
 ports = ["pe1"]
 addresses = ["10.77.1.16/28"]
 """
+# per-user slices besides the owner drop: jobs of one EP in different labels
+SLICED = POLICIES + """
+[[policy]]
+name = "slices"
+kind = "slice"
+select = 'true'
+"""
 AD = 'ClusterId = {n}\nProcId = 0\nOwner = "{owner}"'
 
 
 @pytest.fixture
-def labelled_ep(fakehost_factory, tmp_path):
+def labelled_ep(fakehost_factory, tmp_path, request):
     tls = tmp_path / "tls"
     certs.make(str(tls), ["controller=127.0.0.1", "ep1"])
-    pool = SdnPool(str(tmp_path), policies=POLICIES)
+    pool = SdnPool(str(tmp_path), policies=getattr(request, "param", POLICIES))
     host = fakehost_factory(ovs=True, default_network_type="ovs_bridge", ovs_bridge_name="lkovs0", ovs_uplink="upl1",
                             ovs_datapath="netdev", bridge_range="10.77.1.17-10.77.1.30", bridge_prefix=16,
                             bridge_gateway=GW, controller_url=f"https://127.0.0.1:{pool.api_port}",
@@ -91,3 +102,56 @@ def test_larkd_tags_its_ovs_jobs_with_the_controllers_label(labelled_ep):
     left["ovs"] = [f for f in left.get("ovs", []) if f"cookie={own}," not in f]
     assert left == {k: [] for k in left}, left
     assert json.dumps(pool.api("GET", "/v1/status", cert="controller")[1]["totals"]["jobs"]) == "0"
+
+
+def connects(ns: str, dst: str, port: int) -> bool:
+    code = ("import socket,sys\n"
+            "try: socket.create_connection((sys.argv[1],int(sys.argv[2])),timeout=1.5); print('ok')\n"
+            "except OSError: print('no')")
+    return sh(["ip", "netns", "exec", ns, "python3", "-c", code, dst, str(port)]).stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("labelled_ep", [SLICED], indirect=True)
+def test_jobs_of_one_ep_reach_each_other_only_as_their_labels_allow(labelled_ep):
+    """Same-EP delivery obeys the labels as the core does between EPs: two jobs of one slice reach each other, two
+    jobs of different slices do not, a dropped owner's job neither reaches a neighbour nor is reached; a job sending
+    a frame pre-tagged with another slice's VLAN id reaches nobody of that slice."""
+    host, pool = labelled_ep
+    jobs = {}
+    for slot, owner, n in (("slot1", "alice", 80), ("slot2", "alice", 81), ("slot3", "bob", 82),
+                           ("slot4", "mallory", 83)):
+        ad = AD.format(n=n, owner=owner) + "\nInboundConnectivity = true"
+        p = host.spawn_job(slot, ["sleep", "120"], job_ad=ad)
+        jobs[f"{owner}{n}"] = (p, wait_ready(host, slot))
+    ns = {name: job["netns"] for name, (_, job) in jobs.items()}
+    servers = [subprocess.Popen(["ip", "netns", "exec", n, "python3", "-c", SERVER_PY, "7100"],
+                                stdout=subprocess.PIPE, text=True) for n in ns.values()]
+    for srv in servers:
+        assert srv.stdout is not None and srv.stdout.readline().strip() == "ready"
+    ip = {name: job_addr(n)[1] for name, n in ns.items()}
+    log = (host.tmp / "larkd.log").read_text()
+    vid = {name: int(re.findall(rf"job {n}\.0: its frames leave .* with VLAN (\d+)", log)[-1])
+           for name, n in (("alice80", 80), ("alice81", 81), ("bob82", 82), ("mallory83", 83))}
+    assert vid["alice80"] == vid["alice81"] != vid["bob82"] and vid["mallory83"] == 4094, vid
+    # one slice on one EP: both ways (the control: local delivery works)
+    assert connects(ns["alice80"], ip["alice81"], 7100) and connects(ns["alice81"], ip["alice80"], 7100)
+    # different slices on one EP: neither way
+    assert not connects(ns["bob82"], ip["alice80"], 7100), "a job of another slice reached alice's job on its EP"
+    assert not connects(ns["alice80"], ip["bob82"], 7100)
+    # a dropped owner's job: neither way
+    assert not connects(ns["mallory83"], ip["alice80"], 7100), "the dropped owner's job reached a job on its EP"
+    assert not connects(ns["alice80"], ip["mallory83"], 7100)
+    # a frame pre-tagged with alice's VLAN id, from bob's own MAC and address: reaches no job of alice's slice;
+    # the same frame untagged from alice's other job does (the control: the frame is deliverable)
+    assert frame_arrives(ns["alice81"], ns["alice80"], 0)
+    assert not frame_arrives(ns["bob82"], ns["alice80"], vid["alice80"]), "a pre-tagged frame crossed into a slice"
+    assert not frame_arrives(ns["mallory83"], ns["alice80"], vid["alice80"])
+    for p, job in jobs.values():
+        host.end_job(p, job["netns"])
+    for srv in servers:
+        srv.wait(timeout=30)
+    left = host.wait_clean()
+    own = "0x" + LABEL_BRIDGE_COOKIE[2:].lstrip("0")
+    left["ovs"] = [f for f in left.get("ovs", []) if f"cookie={own}," not in f]
+    assert left == {k: [] for k in left}, left
+    assert pool.api("GET", "/v1/status", cert="controller")[1]["totals"]["jobs"] == 0

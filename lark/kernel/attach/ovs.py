@@ -24,6 +24,7 @@ import time
 
 from pyroute2 import IPRoute
 
+from ... import labelflows
 from ...errors import LarkError
 from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
@@ -76,47 +77,30 @@ def allowlist_flows(plan: JobNetwork, mac: str) -> list[str]:
 
 
 # The label scheme (issue 26, the pool controller's `[labels] mode = "vlan"`): the registration answer gives the job a
-# label (VLAN id, PCP) that its frames carry toward the uplink. Up: twins of the job's allowlist flows, one priority
-# above them, push the label and go to LABEL_TABLE, which sends the frame untagged to a labelled job of this bridge or
-# to the bridge's own port (same-EP traffic stays local), a multicast frame tagged to the uplink and untagged to every
-# labelled job's port (LABEL_GROUP; OVS never outputs to the input port) and anything else tagged to the uplink. Down:
-# a frame tagged with the job's VLAN to its MAC reaches it untagged; a blocked job gets nothing from the uplink.
-LABEL_TABLE = 1
-LABEL_GROUP = 0x4C4B
-LABEL_BLOCKED_VID = 4094          # lark.controller.labels.BLOCKED_VID
-LABEL_DOWN_PRIORITY = 115         # below the uplink guard (120)
+# label (VLAN id, PCP) that its frames carry toward the uplink. The flows are lark.labelflows' (the one source, shared
+# with the controller's edge_flows): twins of the job's allowlist flows, one priority above them, push the label and go
+# to LABEL_TABLE, which delivers on this bridge only as the labels allow (the core's rule between EPs) and sends the
+# rest up tagged. Per job under its cookie; the bridge's own and the per-VLAN multicast flows under LABEL_BRIDGE_COOKIE,
+# rewritten whole (in the same atomic bundle) whenever a labelled job comes or goes.
+LABEL_TABLE = labelflows.LABEL_TABLE
+LABEL_BLOCKED_VID = labelflows.BLOCKED_VID
+LABEL_DOWN_PRIORITY = labelflows.P_DOWN   # below the uplink guard (120)
 LABEL_BRIDGE_COOKIE = "0x" + hashlib.sha256(b"ovs-bridge:labels").hexdigest()[:15]
-_VLAN_PRESENT = "vlan_tci=0x1000/0x1000"
-_MULTICAST = "dl_dst=01:00:00:00:00:00/01:00:00:00:00:00"
 
 
-def label_flows(plan: JobNetwork, mac: str, port: int, uplink: str, vid: int, pcp: int) -> list[str]:
-    """A labelled job's flows (under its cookie, `in_port` included): the up twins of its allowlist's NORMAL flows,
-    its delivery from labelled neighbours (LABEL_TABLE) and from the uplink."""
-    push = f"push_vlan:0x8100,set_field:{0x1000 | vid}->vlan_vid,set_field:{pcp}->vlan_pcp,resubmit(,{LABEL_TABLE})"
-    out = []
+def label_up(plan: JobNetwork, mac: str) -> tuple[tuple[int, str], ...]:
+    """What a labelled job's port may send, for its label twins: its allowlist's NORMAL flows, one priority above."""
+    up = []
     for f in allowlist_flows(plan, mac):
         if f.endswith(",actions=NORMAL"):
             prio, rest = f.split(",", 1)
-            out.append(f"priority={int(prio.split('=')[1]) + 1},in_port={port},{rest[:-len('NORMAL')]}{push}")
-    if vid == LABEL_BLOCKED_VID:
-        out.append(f"priority={LABEL_DOWN_PRIORITY},in_port={uplink},dl_dst={mac},actions=drop")
-    else:
-        out.append(f"priority={LABEL_DOWN_PRIORITY},in_port={uplink},dl_vlan={vid},dl_dst={mac},"
-                   f"actions=pop_vlan,output:{port}")
-    out.append(f"table={LABEL_TABLE},priority=100,{_VLAN_PRESENT},dl_dst={mac},actions=pop_vlan,output:{port}")
-    return out
+            up.append((int(prio.split("=")[1]) + 1, rest[:-len(",actions=NORMAL")]))
+    return tuple(up)
 
 
-def label_bridge_flows(uplink: str, bridge_mac: str) -> list[str]:
-    """The bridge's own label flows (LABEL_BRIDGE_COOKIE), installed with the first labelled job: tagged frames from
-    labelled jobs to the host, multicast and the rest; tagged multicast from the uplink to the labelled jobs."""
-    return [f"table={LABEL_TABLE},priority=100,{_VLAN_PRESENT},dl_dst={bridge_mac},actions=pop_vlan,LOCAL",
-            f"table={LABEL_TABLE},priority=50,{_VLAN_PRESENT},{_MULTICAST},"
-            f"actions=output:{uplink},pop_vlan,group:{LABEL_GROUP}",
-            f"table={LABEL_TABLE},priority=0,{_VLAN_PRESENT},actions=output:{uplink}",
-            f"priority={LABEL_DOWN_PRIORITY - 1},in_port={uplink},{_VLAN_PRESENT},{_MULTICAST},"
-            f"actions=pop_vlan,group:{LABEL_GROUP}"]
+def label_flows(plan: JobNetwork, mac: str, port: int, uplink: str, vid: int, pcp: int) -> list[str]:
+    """A labelled job's flows (under its cookie, `in_port` or its MAC in each): lark.labelflows.job_flows."""
+    return labelflows.job_flows(labelflows.EdgeJob(mac, port, vid, pcp, label_up(plan, mac)), uplink)
 
 
 def is_label_flow(dump_line: str) -> bool:
@@ -149,7 +133,9 @@ class OvsMode(BridgedMode):
         super().__init__(cfg)
         self.db = Ovsdb(cfg.ovs_db)
         self._secured: dict[str, tuple] = {}  # key -> the addresses whose allowlist went in with the port
-        self._labelled: dict[str, int] = {}   # key -> the port of a job with a bucket in LABEL_GROUP
+        # cookie -> a labelled job of this bridge (for the multicast flows); None until read from the bridge
+        self._labelled: dict[int, labelflows.EdgeJob] | None = None
+        self._host_mac: str | None = None
         self._label_lock = threading.Lock()
         if self.db.reachable():
             # Importing ovsdbapp and reading the tables takes a few hundred ms: not on the first job's setup.
@@ -267,15 +253,40 @@ class OvsMode(BridgedMode):
         flows = "".join(f"cookie={c},in_port={port},{f}\n" for f in allowlist_flows(plan, names.job_mac))
         self.ofctl("add-flows", "-", input=flows)
 
-    def ofctl13(self, *args: str, input: str | None = None, version: str = "OpenFlow13"):
-        """ovs-ofctl at an explicit OpenFlow version (tables, push/pop_vlan; groups' buckets need 1.5)."""
+    def ofctl_bundle(self, lines: list[str], what: str):
+        """One `ovs-ofctl --bundle add-flows` (OpenFlow 1.4: one atomic transaction; each line may start with `add`
+        or `delete`, and they run in order)."""
         target = f"unix:{os.path.join(self.cfg.ovs_rundir, self.br + '.mgmt')}"
-        return run_tool(["ovs-ofctl", "-O", version, args[0], target, *args[1:]], input=input,
-                        what=f"ovs-ofctl {args[0]}")
+        return run_tool(["ovs-ofctl", "-O", "OpenFlow14", "--bundle", "add-flows", target, "-"],
+                        input="".join(line + "\n" for line in lines), what=what)
+
+    def _label_members(self) -> dict[int, labelflows.EdgeJob]:
+        """This bridge's labelled jobs by cookie: kept in memory, read from the bridge's table 1 once per larkd (the
+        jobs that ran across a larkd restart keep their multicast)."""
+        if self._labelled is None:
+            target = f"unix:{os.path.join(self.cfg.ovs_rundir, self.br + '.mgmt')}"
+            dump = run_tool(["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", target, f"table={LABEL_TABLE}"],
+                            what=f"the label flows of OVS bridge {self.br}").stdout
+            self._labelled = labelflows.members_from_dump(dump)
+        return self._labelled
+
+    def _bridge_label_lines(self, uplink: str) -> list[str]:
+        """The bridge's label flows, rewritten whole: delete LABEL_BRIDGE_COOKIE's, then the bridge flows and the
+        multicast flows of the labelled jobs now on it (a bundle's lines run in order, atomically)."""
+        if self._host_mac is None:
+            with IPRoute() as ipr:   # the bridge's own port (the host), in larkd's netns
+                self._host_mac = ipr.get_links(ipr.link_lookup(ifname=self.br)[0])[0].get_attr("IFLA_ADDRESS")
+        jobs = self._label_members().values()
+        c = LABEL_BRIDGE_COOKIE
+        return [f"delete cookie={c}/-1",
+                *(f"cookie={c},{f}" for f in labelflows.bridge_flows(uplink, self._host_mac)),
+                *(f"cookie={c},{f}" for f in labelflows.member_flows(jobs, uplink, host=True))]
 
     def apply_label(self, plan: JobNetwork, names: JobNames, vid: int, pcp: int) -> bool:
-        """Tag the job's frames toward the uplink with its label (after secure: its allowlist is in). False, logged,
-        when this bridge cannot: no uplink, or the job's port is already a RequestedVLAN's access port."""
+        """Tag the job's frames toward the uplink with its label (after secure: its allowlist is in), in one
+        ovs-ofctl call: the job's label flows under its cookie and the bridge's rewritten multicast flows, one
+        bundle. False, logged, when this bridge cannot: no uplink, or the job's port is already a RequestedVLAN's
+        access port."""
         uplink = self.cfg.ovs_uplink
         if not uplink or plan.vlan is not None:
             log.warning("job %s: the controller's label (VLAN %s, PCP %s) is not applied: %s", plan.job_id, vid, pcp,
@@ -284,31 +295,24 @@ class OvsMode(BridgedMode):
             return False
         port = self.db.wait_ofport(names.host_if, plan.job_id)
         c = cookie_of(names.key)
+        job = labelflows.EdgeJob(names.job_mac, port, vid, pcp, label_up(plan, names.job_mac))
         with self._label_lock:
-            if not self._labelled and f"group_id={LABEL_GROUP}," not in self.ofctl13(
-                    "dump-groups", version="OpenFlow15").stdout:
-                self.ofctl13("add-group", f"group_id={LABEL_GROUP},type=all,bucket=bucket_id:0,actions=LOCAL",
-                             version="OpenFlow15")
-                with IPRoute() as ipr:   # the bridge's own port (the host), in larkd's netns
-                    mac = ipr.get_links(ipr.link_lookup(ifname=self.br)[0])[0].get_attr("IFLA_ADDRESS")
-                self.ofctl13("add-flows", "-", input="".join(f"cookie={LABEL_BRIDGE_COOKIE},{line}\n"
-                                                             for line in label_bridge_flows(uplink, mac)))
-            self.ofctl13("add-flows", "-", input="".join(
-                f"cookie={c},{line}\n" for line in label_flows(plan, names.job_mac, port, uplink, vid, pcp)))
-            if vid != LABEL_BLOCKED_VID:
-                self._remove_bucket(port)   # a job gone while larkd was down may have left it
-                self.ofctl13("insert-buckets", f"group_id={LABEL_GROUP},command_bucket_id=last,"
-                             f"bucket=bucket_id:{port},actions=output:{port}", version="OpenFlow15")
-                self._labelled[names.key] = port
+            members = self._label_members()
+            before = dict(members)
+            for k in [k for k, m in members.items() if m.port == port]:
+                del members[k]   # a job whose port number this one reuses has gone (ended while larkd was down)
+            members[int(c, 16)] = job
+            try:
+                self.ofctl_bundle([*self._bridge_label_lines(uplink),
+                                   *(f"cookie={c},{f}" for f in labelflows.job_flows(job, uplink))],
+                                  what=f"the label flows of job {plan.job_id} on OVS bridge {self.br}")
+            except LarkError:
+                members.clear()
+                members.update(before)
+                raise
         log.info("job %s: its frames leave OVS bridge %s on %s with VLAN %s, PCP %s", plan.job_id, self.br, uplink,
                  vid, pcp)
         return True
-
-    def _remove_bucket(self, port: int) -> None:
-        try:
-            self.ofctl13("remove-buckets", f"group_id={LABEL_GROUP},command_bucket_id={port}", version="OpenFlow15")
-        except LarkError as e:
-            log.debug("no bucket %s in OVS group %s: %s", port, LABEL_GROUP, e)
 
     def verify(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> list[Finding]:
         """The job's port on the bridge, and as many flows under its cookie as attach and secure put there."""
@@ -329,10 +333,6 @@ class OvsMode(BridgedMode):
     def detach(self, names: JobNames) -> bool:
         """Remove the job's port and flows; safe to repeat. True when OVSDB took the port's removal."""
         self._secured.pop(names.key, None)
-        with self._label_lock:
-            port = self._labelled.pop(names.key, None)
-            if port is not None:
-                self._remove_bucket(port)
         ok = True
         if self.db.reachable():
             try:
@@ -341,10 +341,25 @@ class OvsMode(BridgedMode):
             except LarkError as e:
                 log.warning("could not remove OVS port %s: %s", names.host_if, e)
                 ok = False
-        try:
-            self.ofctl("del-flows", f"cookie={cookie_of(names.key)}/-1")
-        except LarkError as e:
-            log.debug("no flows removed for %s: %s", names.key, e)
+        c = cookie_of(names.key)
+        with self._label_lock:
+            try:
+                members = self._label_members() if self.cfg.ovs_uplink else {}
+            except LarkError as e:
+                log.debug("could not read the label flows of OVS bridge %s: %s", self.br, e)
+                members = {}
+            labelled = members.pop(int(c, 16), None)
+            try:
+                if labelled is not None:
+                    # one bundle: the job's flows and its place in the bridge's multicast flows
+                    self.ofctl_bundle([f"delete cookie={c}/-1", *self._bridge_label_lines(self.cfg.ovs_uplink)],
+                                      what=f"the flows of OVS port {names.host_if}")
+                else:
+                    self.ofctl("del-flows", f"cookie={c}/-1")
+            except LarkError as e:
+                if labelled is not None:
+                    members[int(c, 16)] = labelled   # the next teardown (lark gc) tries again
+                log.debug("no flows removed for %s: %s", names.key, e)
         self.db.forget_ofport(names.key)
         return ok
 
