@@ -21,6 +21,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -37,6 +38,8 @@ log = logging.getLogger("lark.controller.api")
 MAX_BODY = 4 << 20               # a resync of 4096 jobs is about 2 MiB
 MAX_CONNECTIONS_PER_EP = 4       # larkd makes one request at a time; more from one EP is a client holding workers
 REQUEST_TIMEOUT = 10.0           # per receive of an authenticated client's request
+MAX_HEADER_LINE = 65536          # as http.client: a longer request or header line is refused
+MAX_HEADERS = 100
 
 
 def server_context(cfg: ControllerConfig) -> ssl.SSLContext:
@@ -90,25 +93,94 @@ def refusal(name: str, role: str, write: bool) -> Refused | None:
                    obj=f"request from {name or '?'}", fix=fix)
 
 
+class Headers:
+    """A request's header fields by lower-case name: what the handler reads of them (get, get_all). http.server
+    hands them to the email package's parser, which was 15% of a registration's CPU in the controller under the
+    capacity bench (docs/controller.md "Capacity"); these requests have three or four plain fields."""
+    __slots__ = ("_fields",)
+
+    def __init__(self, fields: dict[str, list[str]]):
+        self._fields = fields
+
+    def get(self, name: str, default: str | None = None) -> str | None:
+        values = self._fields.get(name.lower())
+        return values[0] if values else default
+
+    def get_all(self, name: str, failobj: list[str] | None = None) -> list[str] | None:
+        return list(self._fields.get(name.lower(), ())) or failobj
+
+
 class Handler(BaseHTTPRequestHandler):
     server: ApiServer
+    raw_requestline: bytes   # set by http.server's handle_one_request
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True   # headers and body go out as two writes: no 40 ms delayed-ACK stall between them
 
     def log_message(self, fmt: str, *args) -> None:
-        log.debug("%s %s", self.client_address[0], fmt % args)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s", self.client_address[0], fmt % args)
+
+    def parse_request(self) -> bool:
+        """The request line as http.server reads it (HTTP/1.0 and 1.1 only), the header fields into Headers: one
+        `Name: value` per line (no folded lines), at most MAX_HEADERS lines of at most MAX_HEADER_LINE bytes."""
+        self.command = None   # type: ignore[assignment]   # as http.server: set in case of an error on the first line
+        self.request_version = "HTTP/1.1"   # no HTTP/0.9 here: an error about the request line has a status line too
+        self.close_connection = True
+        self.requestline = str(self.raw_requestline, "iso-8859-1").rstrip("\r\n")
+        words = self.requestline.split()
+        if not words:
+            return False
+        if len(words) != 3 or words[2] not in ("HTTP/1.0", "HTTP/1.1"):
+            self.send_error(400 if len(words) != 3 or not words[2].startswith("HTTP/") else 505,
+                            f"Bad request line ({self.requestline[:200]!r}): METHOD PATH HTTP/1.1 expected")
+            return False
+        self.command, self.path, self.request_version = words
+        self.close_connection = self.request_version != "HTTP/1.1"
+        if self.path.startswith("//"):
+            self.path = "/" + self.path.lstrip("/")   # as http.server (gh-87389)
+        fields: dict[str, list[str]] = {}
+        for _ in range(MAX_HEADERS + 1):
+            line = self.rfile.readline(MAX_HEADER_LINE + 1)
+            if len(line) > MAX_HEADER_LINE:
+                self.send_error(431, "Line too long")
+                return False
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, colon, value = str(line, "iso-8859-1").partition(":")
+            if not colon or not name or name != name.strip() or line[:1] in (b" ", b"\t"):
+                self.send_error(400, f"Bad header line {line[:200]!r}: Name: value expected")
+                return False
+            fields.setdefault(name.lower(), []).append(value.strip(" \t\r\n"))
+        else:
+            self.send_error(431, f"Too many headers (more than {MAX_HEADERS})")
+            return False
+        self.headers = Headers(fields)   # type: ignore[assignment]   # what the handler reads: get, get_all
+        conntype = (self.headers.get("Connection") or "").lower()
+        if conntype == "close":
+            self.close_connection = True
+        elif conntype == "keep-alive":
+            self.close_connection = False
+        if (self.headers.get("Expect") or "").lower() == "100-continue" and self.request_version == "HTTP/1.1":
+            return bool(self.handle_expect_100())
+        return True
 
     def _reply(self, code: int, body: dict) -> None:
+        """The answer in one write (one TLS record, not one for the header and one for the body)."""
         data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("X-Lark-Boot", self.server.controller.boot)   # HA: a new one tells the EP to resync
-        self.end_headers()
-        self.wfile.write(data)
+        self.log_request(code)
+        head = (f"{self.protocol_version} {code} {self.responses.get(code, ('',))[0]}\r\n"
+                f"Server: {self.version_string()}\r\nDate: {self.date_time_string()}\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n"
+                f"X-Lark-Boot: {self.server.controller.boot}\r\n\r\n")   # HA: a new one tells the EP to resync
+        self.wfile.write(head.encode("latin-1") + data)
+
+    def _peer(self) -> tuple[str, str]:
+        """The client certificate's (common name, role), read once per connection."""
+        return self.server.peer(self.connection)
 
     def _body(self) -> object:
-        where = f"{self.command} {self.path} from {peer_name(self.connection)}"
+        where = f"{self.command} {self.path} from {self._peer()[0]}"
         keep, self.close_connection = self.close_connection, True   # a body not read to its end ends the connection
         given = self.headers.get_all("Content-Length") or ["0"]
         if len(set(given)) != 1 or not (given[0].isascii() and given[0].isdigit()):   # no sign, space, "1e3", "²"
@@ -134,7 +206,7 @@ class Handler(BaseHTTPRequestHandler):
     def _ep(self, body: object) -> str:
         """The EP a request that changes jobs acts for: the certificate's name, which must have the EP role (a
         switch's or the controller's certificate registers nothing); an admin EP may name another EP."""
-        name, role = peer_name(self.connection), peer_role(self.connection)
+        name, role = self._peer()
         refused = refusal(name, role, write=True)
         if refused is not None:
             self.close_connection = True    # its body, if any, stays unread
@@ -148,10 +220,10 @@ class Handler(BaseHTTPRequestHandler):
         try:
             code, body = fn()
         except Refused as e:     # valid, but not this EP's to ask (or over its quota)
-            log.warning("refused %s from %s: %s", self.command, peer_name(self.connection), e)
+            log.warning("refused %s from %s: %s", self.command, self._peer()[0], e)
             code, body = e.status, {"error": str(e)}
         except LarkError as e:
-            log.error("%s from %s: %s", self.command, peer_name(self.connection), e)
+            log.error("%s from %s: %s", self.command, self._peer()[0], e)
             code, body = 400, {"error": str(e)}
         except Exception as e:  # the API must answer, whatever failed
             log.exception("%s %s failed", self.command, self.path)
@@ -169,7 +241,7 @@ class Handler(BaseHTTPRequestHandler):
         self.handle_one_request()
 
     def _status(self) -> tuple[int, dict]:
-        name, role = peer_name(self.connection), peer_role(self.connection)
+        name, role = self._peer()
         refused = refusal(name, role, write=False)
         if refused is not None:
             raise refused
@@ -280,7 +352,8 @@ class Waits:
         now = time.monotonic()
         for waiting, why in ((self.handshaking, f"no TLS handshake within {self.handshake_timeout} s"),
                              (self.idle, "")):
-            for sock, (_, deadline, _) in list(waiting.items()):
+            while waiting:   # oldest first; not a copy of all 1,000 idle connections every turn (issue 26 capacity)
+                sock, (_, deadline, _) = next(iter(waiting.items()))
                 if deadline > now:
                     break
                 self._end(sock, "timeout", why)
@@ -342,6 +415,9 @@ class ApiServer(HTTPServer):
         self.workers = ThreadPoolExecutor(cfg.workers, thread_name_prefix="lark-api-worker")
         # connections per EP name past their handshake (in a worker, queued for one, or idle between requests)
         self._connections: Counter[str] = Counter()
+        # each authenticated connection's (common name, role): getpeercert() decodes the certificate on every call,
+        # and a request asked it 4-6 times
+        self._peers: weakref.WeakKeyDictionary[ssl.SSLSocket, tuple[str, str]] = weakref.WeakKeyDictionary()
         self._serving = 0
         self._lock = threading.Lock()
         super().__init__((cfg.api_host, cfg.api_port), Handler)
@@ -352,6 +428,13 @@ class ApiServer(HTTPServer):
         if role == certs.ROLE_CONTROLLER:
             return name == self.controller_name or name in self.admins
         return role == certs.ROLE_EP and bool(name) and name in self.admins
+
+    def peer(self, sock: ssl.SSLSocket) -> tuple[str, str]:
+        """The client certificate's (common name, role) on this connection."""
+        got = self._peers.get(sock)
+        if got is None:
+            got = self._peers[sock] = (peer_name(sock), peer_role(sock))
+        return got
 
     def load(self) -> dict:
         """The API's own figures, for admins' status."""
@@ -371,7 +454,7 @@ class ApiServer(HTTPServer):
 
     def _ready(self, sock: ssl.SSLSocket, addr, name: str) -> None:
         if not name:    # just authenticated
-            name = peer_name(sock)
+            name = self.peer(sock)[0]
             with self._lock:
                 busy = self._connections[name] >= MAX_CONNECTIONS_PER_EP
                 if not busy:
