@@ -44,8 +44,20 @@ BATCH_WRITE = 512   # flow mods per write to the switch's connection (a job has 
 # Reconciliation leaves a job cookie it does not know alone until its flows are this old (or reconcile_grace, if
 # shorter): another controller of the pool may have installed it for a registration still on its way here.
 STALE_AGE = 10.0
-# Every HEAP_FREEZE_INTERVAL seconds the objects that survived a collection are frozen (_heap_loop).
+# Every HEAP_FREEZE_INTERVAL seconds the objects that survived a collection are frozen; every HEAP_THAW_INTERVAL
+# seconds everything is collected once (settle_heap).
 HEAP_FREEZE_INTERVAL = 1.0
+HEAP_THAW_INTERVAL = 3600.0
+
+
+def settle_heap(thaw: bool = False) -> int:
+    """Collect what is not frozen, then freeze the survivors (with `thaw`: collect everything first, frozen or not);
+    the number of unreachable objects found. See LarkSwitchApp._heap_loop."""
+    if thaw:
+        gc.unfreeze()
+    found = gc.collect()
+    gc.freeze()
+    return found
 
 
 @dataclass
@@ -502,11 +514,15 @@ class LarkSwitchApp(app_manager.OSKenApp):
         controller kept up with (docs/controller.md "Capacity"). So once a second, after a collection of what
         is not frozen yet (young objects, and what was promoted within the last second), the survivors are frozen:
         later collections skip them. A frozen object is still freed when its last reference goes (the registry's
-        objects hold no reference cycles); only a cycle among frozen objects would stay."""
+        objects hold no reference cycles); a cycle among frozen objects stays until the hourly collection of
+        everything (one pause as long as before, once an hour instead of at every quarter of growth)."""
+        thawed = time.monotonic()
         while True:
             time.sleep(HEAP_FREEZE_INTERVAL)
-            gc.collect()
-            gc.freeze()
+            thaw = time.monotonic() - thawed >= HEAP_THAW_INTERVAL
+            if thaw:
+                thawed = time.monotonic()
+            settle_heap(thaw)
 
     def _reconcile_loop(self) -> None:
         time.sleep(self.cfg.reconcile_grace)
