@@ -8,6 +8,7 @@ and directory is touched.
   testbed.py install   copy this working tree's Lark into the root (venv with the distro's htcondor2)
   testbed.py start     namespaces, mounts, world servers, condor_master (which runs larkd; pivoted into the root in
                        a mount namespace of its own, not chrooted: in_own_root); waits for a slot
+  testbed.py dockerd   (opt-in, after start) dockerd for docker-universe jobs, in the EP's netns and root
   testbed.py stop      everything started, by PID; gc; unmount; namespaces removed. Safe to repeat
   testbed.py status
 Standard library only: it runs under any python3.
@@ -35,13 +36,15 @@ BUILD_STAMP = ROOT / ".lark-testbed-built"
 MIRROR = os.environ.get("LARK_TESTBED_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = ["condor", "minicondor", "nftables", "iproute2", "util-linux", "procps", "python3-venv", "python3-pip",
             "iptables", "ca-certificates", "openvswitch-switch", "dnsmasq-base", "openssh-server",
-            "openssh-client", "apptainer", "busybox-static"]
+            "openssh-client", "apptainer", "busybox-static", "docker.io", "docker-cli"]
 # Added after the first release of the testbed: a cached root without them gets them on its next build().
 LATER_PACKAGES = {"usr/bin/ovs-vsctl": "openvswitch-switch", "usr/sbin/dnsmasq": "dnsmasq-base",
                   "usr/sbin/sshd": "openssh-server", "usr/bin/ssh": "openssh-client",  # condor_ssh_to_job
                   "usr/bin/gcc": "gcc", "usr/include/stdio.h": "libc6-dev",  # lark install-hook compiles
                   # Container jobs (tests/e2e/test_condor_apptainer.py): apptainer, and busybox for its test image
-                  "usr/bin/apptainer": "apptainer", "usr/bin/busybox": "busybox-static"}
+                  "usr/bin/apptainer": "apptainer", "usr/bin/busybox": "busybox-static",
+                  # Docker universe (tests/e2e/test_condor_docker.py; dockerd only when start_dockerd() is called)
+                  "usr/sbin/dockerd": "docker.io", "usr/bin/docker": "docker-cli"}
 APT = ["apt-get", "-o", "Acquire::Check-Valid-Until=false", "-o", "APT::Sandbox::User=root"]
 HOST_NS, WORLD_NS = "lark-tb-host", "lark-tb-world"
 HOST_IP, WORLD_IP = "198.51.100.2", "198.51.100.1"
@@ -277,6 +280,8 @@ def install() -> None:
         "NO_DNS = True\nDEFAULT_DOMAIN_NAME = lark.test\n"
         "STARTER_UPDATE_INTERVAL = 5\n"
         "STARTER_INITIAL_UPDATE_INTERVAL = 2\n"
+        "# No docker universe unless a test turns it on (test_condor_docker.py sets DOCKER and starts dockerd)\n"
+        "DOCKER =\n"
         "# Lark's transient holds (larkd down) are released sooner than on a real access point, for the tests\n"
         "PERIODIC_EXPR_INTERVAL = 5\nLARK_RELEASE_AFTER = 5\n"
         "NUM_CPUS = 16\nMEMORY = 16384\n"
@@ -369,6 +374,71 @@ def start() -> None:
              WORLD_NS, WORLD_IP)
 
 
+# -- dockerd (opt-in: only the docker-universe tests start it) -----------------------------------------------
+# Everything inside ROOT: the socket (group condor: HTCondor runs the docker CLI as the condor user), the data
+# and exec roots, the pid file. Its cgroups (cgroupfs, v1 here) go under a parent of its own, removed at stop().
+DOCKER_SOCK = "/run/lark-docker/docker.sock"
+DOCKER_CGROUP_PARENT = "lark-testbed-docker"
+DOCKER_BRIDGE_IP = "172.31.254.1/24"  # docker0, in the EP's netns: apart from Lark's subnets and the uplink's
+DOCKERD = ["dockerd", "--host", f"unix://{DOCKER_SOCK}", "--group", "condor", "--data-root", "/var/lib/lark-docker",
+           "--exec-root", "/run/lark-docker", "--pidfile", "/run/lark-docker/dockerd.pid",
+           "--cgroup-parent", DOCKER_CGROUP_PARENT,
+           # No firewall rules (the machine's firewall is never touched; the EP's netns is larkd's). docker0 (in the
+           # EP's netns only) stays, as on a site's EP: a container created without --network lands on it.
+           "--iptables=false", "--ip6tables=false", "--bip", DOCKER_BRIDGE_IP]
+
+
+def docker(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    """The docker CLI in the EP's root and netns, on the testbed's dockerd."""
+    return run(in_root(["docker", "--host", f"unix://{DOCKER_SOCK}", *argv]), check=check)
+
+
+def start_dockerd(timeout: float = 60) -> None:
+    """dockerd on the running EP: in its netns, in a mount namespace of its own pivoted into ROOT (in_own_root).
+    In a plain chroot it cannot import an image ("remount /, flags: 0x84000: invalid argument": / is no mount
+    point there). Safe to repeat."""
+    state = load_state()
+    if not state.get("master_pid"):
+        raise SystemExit("testbed: start the testbed before dockerd")
+    pid = state.get("dockerd_pid")
+    if pid and Path(f"/proc/{pid}").exists() and docker(["version"], check=False).returncode == 0:
+        return
+    (ROOT / "run/lark-docker").mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(in_own_root(DOCKERD), stdout=subprocess.DEVNULL, stderr=open(CACHE / "dockerd.log", "a"))
+    state["dockerd_pid"] = proc.pid  # nsenter, unshare and sh exec: this is dockerd's pid
+    save_state(state)
+    deadline = time.time() + timeout
+    while docker(["version"], check=False).returncode != 0:
+        if proc.poll() is not None or time.time() > deadline:
+            raise SystemExit(f"testbed: dockerd did not answer on {DOCKER_SOCK}; see {CACHE / 'dockerd.log'}")
+        time.sleep(0.5)
+    log.info("dockerd up (pid %d) on %s in the EP's root", proc.pid, DOCKER_SOCK)
+
+
+def stop_dockerd(state: dict) -> None:
+    pid = state.get("dockerd_pid")
+    try:
+        if not pid or Path(f"/proc/{pid}/comm").read_text().strip() != "dockerd":
+            return  # never started, or gone (its pid may be another process's by now)
+    except OSError:
+        return
+    for c in docker(["ps", "-aq"], check=False).stdout.split():
+        docker(["rm", "-f", c], check=False)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    _wait_or_kill(pid, 30)
+    run(["ip", "-n", HOST_NS, "link", "del", "docker0"], check=False)  # dockerd leaves its bridge behind
+    state.pop("dockerd_pid", None)
+    save_state(state)
+    for cg in Path("/sys/fs/cgroup").glob(f"*/{DOCKER_CGROUP_PARENT}"):
+        try:
+            cg.rmdir()  # empty once its containers are gone; one still in use stays
+        except OSError as e:
+            log.warning("cgroup %s left: %s", cg, e)
+
+
 def wait_for_slot(timeout: float = 90) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -398,17 +468,12 @@ def _wait_gone(pid: int, timeout: float) -> bool:
 
 def stop() -> None:
     state = load_state()
+    stop_dockerd(state)
     pid = state.get("master_pid")
     if pid:
         # condor_master's pid is nsenter's child (chroot execs); signal the whole process group it leads.
         run(in_root(["condor_off", "-master", "-fast"]), check=False)
-        if not _wait_gone(pid, 30):
-            for p in _descendants(pid) + [pid]:
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            _wait_gone(pid, 10)
+        _wait_or_kill(pid, 30)
     for p in state.get("world_pids", []):
         try:
             os.kill(p, signal.SIGTERM)
@@ -428,6 +493,17 @@ def stop() -> None:
         run(["ip", "netns", "del", ns], check=False)
     save_state({})
     log.info("testbed stopped")
+
+
+def _wait_or_kill(pid: int, timeout: float) -> None:
+    """Wait for pid to end; after timeout, SIGKILL it and its descendants."""
+    if not _wait_gone(pid, timeout):
+        for p in _descendants(pid) + [pid]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _wait_gone(pid, 10)
 
 
 def _descendants(pid: int) -> list[int]:
@@ -453,7 +529,7 @@ def status() -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=["build", "install", "start", "stop", "status", "up"])
+    ap.add_argument("command", choices=["build", "install", "start", "stop", "status", "up", "dockerd"])
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="testbed: %(message)s")
     if os.geteuid() != 0:
@@ -463,7 +539,8 @@ def main() -> int:
         install()
         start()
     else:
-        {"build": build, "install": install, "start": start, "stop": stop, "status": status}[args.command]()
+        {"build": build, "install": install, "start": start, "stop": stop, "status": status,
+         "dockerd": start_dockerd}[args.command]()
     return 0
 
 

@@ -1,0 +1,167 @@
+"""lark-docker: HTCondor's DOCKER on a Lark execution point (issue 25, docs/design.md "Docker universe jobs").
+
+The starter runs the docker CLI itself, as the condor user, in the execution point's own network namespace:
+`docker create ... --network=X ... --name HTCJob<cluster>_<proc>_<slot>_PID<starter> IMAGE CMD`, then
+`docker start -a NAME`, then inspect/rm/kill. NO_JOB_NETWORKING and USER_JOB_WRAPPER do not apply, so Docker
+would give the job its own bridge NAT (no `--network`), the host's network (`docker_network_type = host`) or any
+network named in DOCKER_NETWORKS: none of them limited, counted or decided by Lark's policy.
+
+This wrapper passes every docker command through to the real CLI (LARK_REAL_DOCKER, with its global options such
+as `--host`), but rewrites `create` and `run`:
+- no `--network`, `--network=nat|bridge|default|none`: the container is created with `--network=none`, an empty
+  network namespace of its own, which is where larkd builds the job's network (design.md);
+- `--network=host`, `container:...`, or a network name not in LARK_DOCKER_NETWORKS: refused. The wrapper exits 1
+  with the reason as its only stderr line; the starter reads it and puts the job on hold with it;
+- port publishing (`-p`, `--publish`, `-P`, `--publish-all`): refused, Docker's own inbound path around Lark's
+  rules (it needs a network Docker manages anyway);
+- a network the admin lists in LARK_DOCKER_NETWORKS is passed as asked (Lark does not manage it: a site's choice).
+It imports only the standard library (lark/job/ runs outside larkd: tests/unit/test_job_boundary.py).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+
+log = logging.getLogger("lark.docker")
+DEFAULT_REAL_DOCKER = "/usr/bin/docker"
+EXIT_REFUSED = 1
+# What HTCondor's `docker_network_type` and Docker's own defaults name: the container gets Lark's network instead.
+LARK_NETWORK_NAMES = frozenset({"", "nat", "bridge", "default", "none"})
+# docker create/run options that take no value (everything else spelled `--opt` or `-o` takes the next word).
+FLAGS = frozenset({"--init", "--rm", "-i", "--interactive", "-t", "--tty", "--privileged", "--read-only", "-d",
+                   "--detach", "-P", "--publish-all", "--oom-kill-disable", "--no-healthcheck", "-q", "--quiet",
+                   "--disable-content-trust", "--sig-proxy", "--help", "--use-api-socket"})
+SHORT_FLAGS = frozenset("itdPq")  # docker create/run's one-letter options without a value
+NETWORK_OPTS = ("--network", "--net")
+PUBLISH_OPTS = ("-p", "--publish", "-P", "--publish-all")
+JOB_NAME = re.compile(r"HTCJob(\d+)_(\d+)_")
+# docker's global options that take a value (before the subcommand).
+GLOBAL_WITH_VALUE = frozenset({"-H", "--host", "-c", "--context", "--config", "-l", "--log-level", "--tlscacert",
+                               "--tlscert", "--tlskey"})
+
+
+class Refused(Exception):
+    """A docker create/run this execution point does not run; the message is the job's hold reason."""
+
+
+def knob(name: str) -> str | None:
+    """LARK_* knob from the environment (tests) or HTCondor's configuration (condor_config_val: lark/job/ does
+    not import htcondor2); None when undefined."""
+    if name in os.environ:
+        return os.environ[name]
+    try:
+        cp = subprocess.run(["condor_config_val", name], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.warning("condor_config_val %s: %s", name, e)
+        return None
+    return cp.stdout.strip() if cp.returncode == 0 else None
+
+
+def real_docker() -> list[str]:
+    return shlex.split(knob("LARK_REAL_DOCKER") or DEFAULT_REAL_DOCKER)
+
+
+def allowed_networks() -> set[str]:
+    return {n for n in re.split(r"[\s,]+", knob("LARK_DOCKER_NETWORKS") or "") if n}
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
+    """(global options, subcommand, its arguments) of a docker command line."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 2 if argv[i] in GLOBAL_WITH_VALUE else 1
+    if i >= len(argv):
+        return list(argv), None, []
+    return list(argv[:i]), argv[i], list(argv[i + 1:])
+
+
+def job_of(args: Sequence[str]) -> str:
+    """`job C.P` from HTCondor's container name (HTCJob<cluster>_<proc>_...), for the hold reason."""
+    for word in args:
+        m = JOB_NAME.search(word)
+        if m:
+            return f"job {m.group(1)}.{m.group(2)}"
+    return "docker job"
+
+
+def is_flag(name: str) -> bool:
+    """Whether a create/run option takes no value: a known flag, or short flags grouped (`-it`)."""
+    if name in FLAGS:
+        return True
+    return len(name) > 2 and name[0] == "-" and name[1] != "-" and set(name[1:]) <= SHORT_FLAGS
+
+
+def rewrite_create(args: Sequence[str], allowed: set[str]) -> list[str]:
+    """The arguments of `docker create`/`run` with the network Lark gives the job; Refused for what it refuses.
+    Only options before the image are options: the job's own command line after it is never touched."""
+    out: list[str] = []
+    networks: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--" or not word.startswith("-"):
+            break  # the image: the rest is the job's command
+        name, eq, value = word.partition("=")
+        takes_value = not eq and not is_flag(name)
+        if takes_value:
+            if i + 1 >= len(args):
+                raise Refused(f"{job_of(args)}: docker option {name} has no value")
+            value = args[i + 1]
+        i += 2 if takes_value else 1
+        if name in NETWORK_OPTS:
+            networks.append(value)
+            continue
+        if name in PUBLISH_OPTS or (is_flag(name) and "P" in name[1:]):
+            shown = f"{name} {value}" if takes_value else word
+            raise Refused(f"{job_of(args)}: Lark refuses Docker port publishing ({shown}): published ports would "
+                          "reach the job past Lark's inbound rules (remove container_service_names from the job)")
+        out += [word, value] if takes_value else [word]
+    rest = list(args[i:])
+    for network in networks:
+        if network in LARK_NETWORK_NAMES:
+            continue
+        if network in allowed:
+            continue
+        if network == "host":
+            what = "the execution point's own network (docker_network_type = host)"
+        elif network.startswith("container:"):
+            what = f"another container's network ({network})"
+        else:
+            what = f"the Docker network {network!r}, which Lark does not manage"
+        raise Refused(f"{job_of(args)}: Lark refuses to run a docker job in {what}: it would bypass the job's "
+                      "own network, limits and accounting (remove docker_network_type from the submit file; an "
+                      "admin may allow a named network in LARK_DOCKER_NETWORKS)")
+    named = [n for n in networks if n not in LARK_NETWORK_NAMES]
+    if named:
+        log.info("%s: network %s passed as asked (LARK_DOCKER_NETWORKS)", job_of(args), ", ".join(named))
+        return [*out, *(f"--network={n}" for n in named), *rest]
+    return [*out, "--network=none", *rest]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="lark-docker: %(message)s")
+    glob, sub, args = split_command(argv)
+    if sub in ("create", "run"):
+        try:
+            args = rewrite_create(args, allowed_networks())
+        except Refused as e:
+            # The starter holds the job with the first line of this stderr (up to 511 bytes).
+            print(f"Lark: {e}", file=sys.stderr, flush=True)
+            return EXIT_REFUSED
+    cmd = [*real_docker(), *glob, *([sub] if sub else []), *args]
+    try:
+        os.execv(cmd[0], cmd)
+    except OSError as e:
+        print(f"Lark: the docker CLI {cmd[0]} (LARK_REAL_DOCKER) cannot run: {e}", file=sys.stderr, flush=True)
+        return 127
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

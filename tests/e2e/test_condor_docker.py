@@ -1,0 +1,101 @@
+"""Docker universe jobs (issue 25): HTCondor's DOCKER names Lark's wrapper (lark/job/docker_wrapper.py), which
+creates every container with --network=none and refuses the networks Lark does not manage (host, a Docker network
+not in LARK_DOCKER_NETWORKS, port publishing) with a hold reason.
+
+dockerd runs only for this module (testbed.start_dockerd: in the EP's netns, pivoted into the root in a mount
+namespace of its own, its socket, data and exec roots inside the root, no iptables rules; its docker0 bridge in the
+EP's netns, where a container without --network would land). The image is made here from busybox-static (no
+registry is reachable) and `docker import`ed.
+"""
+import json
+import shutil
+import time
+
+import pytest
+from condor import as_root, history, job, out_of, submit, testbed, wait_queue
+from test_condor_apptainer import reconfigure  # an EP config file written (or removed), then condor_reconfig
+
+pytestmark = pytest.mark.e2e
+IMAGE = "lark-test/busybox:1"
+APPLETS = ("sh", "cat", "ls", "ip", "echo", "sleep", "wc", "head", "cut", "wget")
+SHIM = "/usr/local/libexec/lark-docker"
+CONF = "97-lark-docker.conf"
+IFACES = "ip -o link | cut -d: -f2 | cut -d@ -f1 > ifaces.txt\n"  # the job's interfaces, one a line
+
+
+@pytest.fixture(scope="module")
+def docker_ep(pool):
+    """dockerd up, the test image imported, DOCKER = Lark's wrapper; the EP advertising HasDocker."""
+    testbed.start_dockerd()
+    if testbed.docker(["image", "inspect", IMAGE], check=False).returncode != 0:
+        raw = testbed.ROOT / "tmp/lark-docker-image"
+        shutil.rmtree(raw, ignore_errors=True)
+        for d in ("bin", "etc", "tmp"):
+            (raw / d).mkdir(parents=True)
+        (raw / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        shutil.copy2(testbed.ROOT / "usr/bin/busybox", raw / "bin/busybox")
+        for applet in APPLETS:
+            (raw / "bin" / applet).symlink_to("busybox")
+        testbed.run(["tar", "-C", str(raw), "-cf", str(raw.with_suffix(".tar")), "."])
+        testbed.docker(["import", "/tmp/lark-docker-image.tar", IMAGE])
+        shutil.rmtree(raw)
+        raw.with_suffix(".tar").unlink()
+    shim = testbed.ROOT / SHIM.lstrip("/")
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    shim.write_text('#!/bin/sh\nexec /opt/lark/bin/python -I -m lark.job.docker_wrapper "$@"\n')
+    shim.chmod(0o755)
+    reconfigure(CONF, f"DOCKER = {SHIM}\n"
+                f"LARK_REAL_DOCKER = /usr/bin/docker --host unix://{testbed.DOCKER_SOCK}\n"
+                "# No test image ships with Debian's condor; the job's image is local (no registry)\n"
+                "DOCKER_PERFORM_TEST = false\nDOCKER_TRUST_LOCAL_IMAGES = true\n")
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        ad = as_root(["condor_status", "-af", "HasDocker", "DockerVersion"]).stdout
+        if ad.lower().startswith("true"):
+            break
+        time.sleep(2)
+    else:
+        pytest.fail(f"the EP does not advertise HasDocker with DOCKER = {SHIM}: {ad!r}")
+    yield IMAGE
+    reconfigure(CONF, None)
+    testbed.stop_dockerd(testbed.load_state())  # with its docker0: the modules after this one never see them
+
+
+def docker_job(name: str, script: str, extra: str = "") -> int:
+    d = testbed.ROOT / "home/alice" / name
+    shutil.rmtree(d, ignore_errors=True)  # no output of an earlier run
+    d.mkdir(parents=True)
+    (d / "job.sh").write_text(script)
+    return submit(name, job(exe="/bin/sh", args="job.sh", inputs=("job.sh",),
+                            extra=f"universe = docker\ndocker_image = {IMAGE}\n{extra}"))
+
+
+def containers() -> list[str]:
+    return testbed.docker(["ps", "-aq"]).stdout.split()
+
+
+def test_docker_job_runs_in_a_network_namespace_of_its_own(docker_ep):
+    """Without docker_network_type (Docker's bridge NAT, docker0, by default) the wrapper creates the container
+    with --network=none: the job never sees the EP's uplink nor Docker's bridge."""
+    c = docker_job("dk-own", IFACES)
+    assert history(c, ["ExitCode"], timeout=180) == ["0"], out_of("dk-own", fname="err.txt")
+    assert out_of("dk-own", fname="ifaces.txt").split() == ["lo"]
+    deadline = time.time() + 30
+    while containers() and time.time() < deadline:
+        time.sleep(1)
+    assert containers() == [], "the job's container was left behind"
+
+
+def test_docker_job_asking_for_the_host_network_is_held_with_the_reason(docker_ep):
+    c = docker_job("dk-host", IFACES, extra="docker_network_type = host\n")
+    _, code, reason = wait_queue(c, ["JobStatus", "HoldReasonCode", "HoldReason"], until=lambda r: r[0] == "5",
+                                 timeout=120)
+    assert "docker_network_type = host" in reason and f"job {c}.0" in reason, reason
+    assert "remove docker_network_type" in reason, reason
+    print(f"held: code {code}: {reason}")
+    as_root(["condor_rm", str(c)])
+    assert not (testbed.ROOT / "home/alice/dk-host/ifaces.txt").exists()  # it never ran
+    assert containers() == [], "a refused job left a container"
+    st = as_root(["lark", "status", "--json"])
+    assert st.returncode == 0, st.stderr
+    assert not [j for j in json.loads(st.stdout) if j["job_id"].startswith(f"{c}.")], st.stdout  # never networked

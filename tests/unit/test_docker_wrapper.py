@@ -1,0 +1,49 @@
+"""lark-docker (HTCondor's DOCKER): the network of `docker create` rewritten or refused; the job's own command
+line never touched. Argument lists as HTCondor 25.x's DockerAPI::createContainer builds them."""
+import pytest
+
+from lark.job.docker_wrapper import Refused, rewrite_create, split_command
+
+HEAD = ["--cpu-shares=100", "--memory=2048m", "--cap-drop=all", "--cap-add=SYS_PTRACE", "--security-opt",
+        "no-new-privileges", "--init", "--name", "HTCJob12_3_slot1_PID4242", "--label", "org.htcondorproject=True",
+        "--log-driver", "none", "--volume", "/var/lib/condor/execute/dir_1:/var/lib/condor/execute/dir_1",
+        "--user", "1001:1001"]
+TAIL = ["--hostname", "slot1-127-0-0-1", "lark-test/busybox:1", "/bin/sh", "job.sh", "--network=host"]
+
+
+def test_no_network_and_nat_become_none():
+    assert rewrite_create(HEAD + TAIL, set()) == HEAD + ["--hostname", "slot1-127-0-0-1", "--network=none",
+                                                         *TAIL[2:]]
+    assert rewrite_create(HEAD + ["--network=none"] + TAIL, set()).count("--network=none") == 1
+
+
+def test_host_is_refused_naming_the_job_and_the_fix():
+    with pytest.raises(Refused) as e:
+        rewrite_create(HEAD + ["--network=host"] + TAIL, set())
+    assert "job 12.3" in str(e.value) and "docker_network_type = host" in str(e.value)
+    assert "remove docker_network_type" in str(e.value)
+
+
+@pytest.mark.parametrize("extra", [["--network", "mynet"], ["--net=container:other"]])
+def test_unmanaged_networks_are_refused_unless_the_admin_allows_them(extra):
+    with pytest.raises(Refused):
+        rewrite_create(HEAD + extra + TAIL, set())
+    if extra == ["--network", "mynet"]:
+        assert "--network=mynet" in rewrite_create(HEAD + extra + TAIL, {"mynet"})
+
+
+@pytest.mark.parametrize("extra", [["-p", "8080"], ["--publish=80:80"], ["-P"], ["-itP"]])
+def test_port_publishing_is_refused(extra):
+    with pytest.raises(Refused, match="port publishing"):
+        rewrite_create(HEAD + extra + TAIL, set())
+
+
+def test_the_jobs_own_arguments_after_the_image_are_kept():
+    out = rewrite_create(["--rm=true", "img", "-p", "--network", "host"], set())
+    assert out == ["--rm=true", "--network=none", "img", "-p", "--network", "host"]
+
+
+def test_global_options_before_the_subcommand():
+    assert split_command(["--host", "unix:///x.sock", "create", "--init", "img"]) == (
+        ["--host", "unix:///x.sock"], "create", ["--init", "img"])
+    assert split_command(["version"]) == ([], "version", [])
