@@ -213,10 +213,11 @@ class Veth(Base):
     def add(self, ctx: JobCtx) -> None:
         assert ctx.net is not None and ctx.profile is not None
         plan, n = ctx.net.plan, ctx.names
-        links.create_veth(ctx.ipr, n.host_if, n.job_if, ctx.ns_fd, plan.job_id,
-                          n.job_mac if ctx.profile.bridged else None,
-                          mtu.for_job(ctx.ipr, self.host.cfg, plan.network_type))
-        ctx.host_idx = ctx.ipr.link_lookup(ifname=n.host_if)[0]
+        made = links.create_veth(ctx.ipr, n.host_if, n.job_if, ctx.ns_fd, plan.job_id,
+                                 n.job_mac if ctx.profile.bridged else None,
+                                 mtu.for_job(ctx.ipr, self.host.cfg, plan.network_type))
+        # The kernel's echo of the create request gave the indexes (links.py); else look the host end up.
+        ctx.host_idx = made.host if made is not None else ctx.ipr.link_lookup(ifname=n.host_if)[0]
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
         errors.run(f"delete {ctx.names.host_if}", links.delete_link, ctx.ipr, ctx.names.host_if)
