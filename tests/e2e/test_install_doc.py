@@ -108,6 +108,13 @@ def test_install_doc_commands_install_lark_into_a_clean_root(clean_root, tmp_pat
     assert not re.search(r"^\w+_HOOK_JOB_EXIT\s*=", frag, re.M)
     for name in named:
         assert os.access(root / bin_dir.lstrip("/") / name, os.X_OK), f"{bin_dir}/{name} is not installed"
+    # The transfer plugins it names are lark install-hook's symlinks to lark-transfer-plugin (issue 22).
+    libexec = re.search(r"^LARK_LIBEXEC = (\S+)$", frag, re.M).group(1)
+    plugins = re.findall(r"\$\(LARK_LIBEXEC\)/transfer/([\w-]+)", frag)
+    assert plugins == ["curl_plugin"], plugins
+    link = root / libexec.lstrip("/") / "transfer" / "curl_plugin"
+    assert os.readlink(link) == f"{bin_dir}/lark-transfer-plugin", link
+    assert os.access(root / bin_dir.lstrip("/") / "lark-transfer-plugin", os.X_OK)
     unit = (root / "etc/systemd/system/larkd.service").read_text()
     exe = re.search(r"^ExecStart=(\S+)", unit, re.M).group(1)
     assert os.access(root / exe.lstrip("/"), os.X_OK), exe
