@@ -14,6 +14,10 @@ as `--host`), but rewrites `create` and `run`:
   with the reason as its only stderr line; the starter reads it and puts the job on hold with it;
 - port publishing (`-p`, `--publish`, `-P`, `--publish-all`): refused, Docker's own inbound path around Lark's
   rules (it needs a network Docker manages anyway);
+- `--privileged`, `--cap-add` of NET_ADMIN, NET_RAW, SYS_ADMIN or ALL (only from the EP's DOCKER_EXTRA_ARGUMENTS):
+  refused, and those three are always dropped (`--cap-drop`, also where DOCKER_DROP_ALL_CAPABILITIES = false
+  leaves Docker's default set, which has NET_RAW): the job must not hold them over its own network namespace,
+  where larkd keeps rules of its own (docs/design.md, "Threat model");
 - a network the admin lists in LARK_DOCKER_NETWORKS is passed as asked (Lark does not manage it: a site's choice).
 It imports only the standard library (lark/job/ runs outside larkd: tests/unit/test_job_boundary.py).
 """
@@ -38,6 +42,10 @@ FLAGS = frozenset({"--init", "--rm", "-i", "--interactive", "-t", "--tty", "--pr
                    "--disable-content-trust", "--sig-proxy", "--help", "--use-api-socket"})
 SHORT_FLAGS = frozenset("itdPq")  # docker create/run's one-letter options without a value
 NETWORK_OPTS = ("--network", "--net")
+# Capabilities that would let the job undo what larkd keeps in its netns (the DHCP guard, SciTags table; NET_RAW:
+# packet sockets that skip netfilter), or leave it: refused in --cap-add, and always dropped.
+NET_CAPS = frozenset({"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "ALL"})
+DROPPED_CAPS = ("NET_ADMIN", "NET_RAW", "SYS_ADMIN")
 PUBLISH_OPTS = ("-p", "--publish", "-P", "--publish-all")
 JOB_NAME = re.compile(r"HTCJob(\d+)_(\d+)_")
 # docker's global options that take a value (before the subcommand).
@@ -107,6 +115,8 @@ def rewrite_create(args: Sequence[str], allowed: set[str]) -> list[str]:
         if word == "--" or not word.startswith("-"):
             break  # the image: the rest is the job's command
         name, eq, value = word.partition("=")
+        if word[1] != "-" and len(word) > 2 and not is_flag(name):
+            name, eq, value = word[:2], "=", word[2:].removeprefix("=")  # a short option with its value: -pVALUE
         takes_value = not eq and not is_flag(name)
         if takes_value:
             if i + 1 >= len(args):
@@ -116,6 +126,14 @@ def rewrite_create(args: Sequence[str], allowed: set[str]) -> list[str]:
         if name in NETWORK_OPTS:
             networks.append(value)
             continue
+        if name == "--privileged" and value.lower() not in ("false", "0"):
+            raise Refused(f"{job_of(args)}: Lark refuses a privileged docker container (--privileged): it would see "
+                          "the execution point's devices and could leave its network namespace (remove "
+                          "--privileged from DOCKER_EXTRA_ARGUMENTS on this execution point)")
+        if name == "--cap-add" and {c.strip().upper().removeprefix("CAP_") for c in value.split(",")} & NET_CAPS:
+            raise Refused(f"{job_of(args)}: Lark refuses to give a docker container {name} {value}: with it the job "
+                          "could remove the rules Lark keeps in its network namespace (remove it from "
+                          "DOCKER_EXTRA_ARGUMENTS on this execution point)")
         if name in PUBLISH_OPTS or (is_flag(name) and "P" in name[1:]):
             shown = f"{name} {value}" if takes_value else word
             raise Refused(f"{job_of(args)}: Lark refuses Docker port publishing ({shown}): published ports would "
@@ -136,6 +154,8 @@ def rewrite_create(args: Sequence[str], allowed: set[str]) -> list[str]:
         raise Refused(f"{job_of(args)}: Lark refuses to run a docker job in {what}: it would bypass the job's "
                       "own network, limits and accounting (remove docker_network_type from the submit file; an "
                       "admin may allow a named network in LARK_DOCKER_NETWORKS)")
+    # Never these in the container, even where DOCKER_DROP_ALL_CAPABILITIES = false leaves Docker's defaults.
+    out += [f"--cap-drop={cap}" for cap in DROPPED_CAPS]
     named = [n for n in networks if n not in LARK_NETWORK_NAMES]
     if named:
         log.info("%s: network %s passed as asked (LARK_DOCKER_NETWORKS)", job_of(args), ", ".join(named))

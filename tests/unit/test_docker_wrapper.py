@@ -12,8 +12,9 @@ TAIL = ["--hostname", "slot1-127-0-0-1", "lark-test/busybox:1", "/bin/sh", "job.
 
 
 def test_no_network_and_nat_become_none():
-    assert rewrite_create(HEAD + TAIL, set()) == HEAD + ["--hostname", "slot1-127-0-0-1", "--network=none",
-                                                         *TAIL[2:]]
+    drops = ["--cap-drop=NET_ADMIN", "--cap-drop=NET_RAW", "--cap-drop=SYS_ADMIN"]
+    assert rewrite_create(HEAD + TAIL, set()) == [*HEAD, "--hostname", "slot1-127-0-0-1", *drops, "--network=none",
+                                                  *TAIL[2:]]
     assert rewrite_create(HEAD + ["--network=none"] + TAIL, set()).count("--network=none") == 1
 
 
@@ -32,7 +33,7 @@ def test_unmanaged_networks_are_refused_unless_the_admin_allows_them(extra):
         assert "--network=mynet" in rewrite_create(HEAD + extra + TAIL, {"mynet"})
 
 
-@pytest.mark.parametrize("extra", [["-p", "8080"], ["--publish=80:80"], ["-P"], ["-itP"]])
+@pytest.mark.parametrize("extra", [["-p", "8080"], ["--publish=80:80"], ["-P"], ["-itP"], ["-p8080"]])
 def test_port_publishing_is_refused(extra):
     with pytest.raises(Refused, match="port publishing"):
         rewrite_create(HEAD + extra + TAIL, set())
@@ -40,10 +41,29 @@ def test_port_publishing_is_refused(extra):
 
 def test_the_jobs_own_arguments_after_the_image_are_kept():
     out = rewrite_create(["--rm=true", "img", "-p", "--network", "host"], set())
-    assert out == ["--rm=true", "--network=none", "img", "-p", "--network", "host"]
+    assert out[-5:] == ["--network=none", "img", "-p", "--network", "host"] and out[0] == "--rm=true"
 
 
 def test_global_options_before_the_subcommand():
     assert split_command(["--host", "unix:///x.sock", "create", "--init", "img"]) == (
         ["--host", "unix:///x.sock"], "create", ["--init", "img"])
     assert split_command(["version"]) == ([], "version", [])
+
+
+def test_privileged_is_refused():
+    with pytest.raises(Refused, match="privileged"):
+        rewrite_create([*HEAD, "--privileged", *TAIL], set())
+    assert "--privileged=false" in rewrite_create([*HEAD, "--privileged=false", *TAIL], set())
+
+
+@pytest.mark.parametrize("cap", ["NET_ADMIN", "cap_net_raw", "SYS_PTRACE,ALL"])
+def test_network_capabilities_are_refused_and_always_dropped(cap):
+    with pytest.raises(Refused, match="cap-add"):
+        rewrite_create([*HEAD, "--cap-add", cap, *TAIL], set())
+    out = rewrite_create([*HEAD, *TAIL], set())
+    assert {"--cap-drop=NET_ADMIN", "--cap-drop=NET_RAW", "--cap-drop=SYS_ADMIN"} <= set(out)
+    assert out.index("--cap-drop=NET_RAW") < out.index("lark-test/busybox:1")
+
+
+def test_a_short_option_with_its_value_attached_takes_no_next_word():
+    assert rewrite_create(["-eA=1", "img", "cmd"], set())[-2:] == ["img", "cmd"]
