@@ -221,10 +221,11 @@ def _forked_from(child: StarterInfo, wanted: set[str]) -> StarterInfo | None:
     """The starter `child` was forked from (same program, root, same slot, started no later), else None."""
     try:
         pid = parent_of(child.pid)
-        if pid <= 1:
+        # Every job's setup asks this of its starter, whose parent is the startd: its exe settles it in one read.
+        if pid <= 1 or os.readlink(f"/proc/{pid}/exe") not in wanted:
             return None
-        started = start_time(pid)
-        exe, uid, argv = os.readlink(f"/proc/{pid}/exe"), real_uid(pid), cmdline(pid)
+        started, uid, argv = start_time(pid), real_uid(pid), cmdline(pid)
+        exe = os.readlink(f"/proc/{pid}/exe")   # after its start time: both are about this one process
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     if exe not in wanted or uid != 0 or started > child.start or slot_from_cmdline(argv) != child.slot:

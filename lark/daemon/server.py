@@ -553,31 +553,42 @@ class Larkd:
                             "file transfers by URL have none either", job=plan.job_id, obj=f"slot {starter.slot}",
                             fix="move the files through the sandbox (transfer_input_files of local files), or "
                                 "ask for a network in the submit file")
-        pin = self.pin(starter, key, TRANSFER_NETNS)
+        return await self._network(starter, key, plan, TRANSFER_NETNS, TRANSFER_NETNS, "for its file transfers")
+
+    async def _network(self, starter: peercred.StarterInfo, key: str, plan: NetworkPlan, job_pid: int,
+                       job_ns: int, what: str = "") -> JobRecord:
+        """The slot lock held: pin the job (with its claim's schedd), build its network (`job_pid` 0: in a
+        namespace larkd makes, for its transfers), watch its starter. A failed build leaves the slot inactive;
+        a job whose own setup failed is held at its schedd."""
+        pin = self.pin(starter, key, job_ns)
         pin.job_id = plan.job_id
         identity = self.identities.pop((starter.pid, starter.start), None)
-        if identity is not None:
+        if identity is not None:   # the claim's schedd, checked against the job ad (plan.job_id is its JobId)
             pin.schedd, pin.global_job_id = identity.schedd, identity.global_job_id
         self.pins.save(pin)
         self.active.add(key)
         try:
             t0 = time.perf_counter()
             built = await self.loop.run_in_executor(self.pool, self.net.setup, plan, starter.pid, starter.start,
-                                                    TRANSFER_NETNS, TRANSFER_NETNS)
+                                                    job_pid, job_ns)
         except Exception as e:
             self.active.discard(key)
-            tag_failure(e, "setup")
+            held = None if job_pid == TRANSFER_NETNS else await self.hold_unnetworked(pin, e)
+            tag_failure(e, "setup", held=held)   # a transfer's refusal holds the job through HTCondor instead
             raise
+        self.metrics.setup_seconds.labels(plan.network_type).observe(time.perf_counter() - t0)
         if key not in self.watches:
             self.watch(key, starter.pid, starter.start)
-        log.info("networked job %s on %s for its file transfers: %s %s in %.1f ms", plan.job_id, plan.slot,
+        log.info("networked job %s on %s%s: %s %s in %.1f ms", plan.job_id, plan.slot, f" {what}" if what else "",
                  built.plan["network_type"], built.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
         return built
 
     async def _push_now(self, key: str) -> None:
-        """The job's figures into its ad now (an output plugin's bytes, before the job leaves the queue)."""
+        """The job's figures into its ad now (an output plugin's bytes, before the job leaves the queue). Within
+        the job's push budget: a job can run the plugin itself with -upload, as often as it likes."""
         pin = self._pin(key)
-        if self.pusher is None or pin is None or not pin.schedd:
+        if self.pusher is None or pin is None or not pin.schedd or self._push_budget_wait(key, pin,
+                                                                                         time.monotonic()):
             return
         if key in self.active:
             await self.loop.run_in_executor(self.pool, self.acct.poll)
@@ -617,14 +628,12 @@ class Larkd:
         if first_barrier:
             self.barriers[key] = pin.job_id
         else:
-            job, asked = self.push_requests.get(key, ("", -1e9))
-            if job == pin.job_id and now - asked < JOB_PUSH_MIN_S:
-                wait = JOB_PUSH_MIN_S - (now - asked)
+            wait = self._push_budget_wait(key, pin, now)
+            if wait:
                 return protocol.ok(pushed=False, refused=True, retry_after=round(wait, 1), reason=(
                     f"job {pin.job_id}: push refused, a job may ask for it once every {JOB_PUSH_MIN_S:g} s "
                     f"(next in {wait:.0f} s); larkd pushes the job's figures every schedd_push_interval and at "
                     "its end without being asked"))
-            self.push_requests[key] = (pin.job_id, now)
         pushed_job, _, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
         pushes = pushes if pushed_job == pin.job_id else 0
         t0 = time.perf_counter()
@@ -647,6 +656,15 @@ class Larkd:
                      (t_end - t_in) * 1000, (t0 - t_in) * 1000, (t_read - t0) * 1000, (t_ran - t_read) * 1000,
                      (t_end - t_ran) * 1000)
         return protocol.ok(pushed=ok)
+
+    def _push_budget_wait(self, key: str, pin: Pin, now: float) -> float:
+        """A push a job asked for (its own `push`, a second barrier, an upload by its plugin) is within its budget
+        of one per JOB_PUSH_MIN_S: 0.0, and the budget is spent; else the seconds until the next one."""
+        job, asked = self.push_requests.get(key, ("", -1e9))
+        if job == pin.job_id and now - asked < JOB_PUSH_MIN_S:
+            return JOB_PUSH_MIN_S - (now - asked)
+        self.push_requests[key] = (pin.job_id, now)
+        return 0.0
 
     def _push_job(self, key: str, pin: Pin) -> bool:
         """One job's figures to its schedd (push thread), its counters read now: a push that waited in the queue
@@ -695,26 +713,7 @@ class Larkd:
             plan = self.checked_plan(starter, key)
             if plan is None:
                 plan = await self.decide_plan(starter, key)
-            pin = self.pin(starter, key, job_ns)
-            pin.job_id = plan.job_id
-            identity = self.identities.pop((starter.pid, starter.start), None)
-            if identity is not None:   # the claim's schedd, checked against the job ad (plan.job_id is its JobId)
-                pin.schedd, pin.global_job_id = identity.schedd, identity.global_job_id
-            self.pins.save(pin)
-            self.active.add(key)
-            try:
-                t0 = time.perf_counter()
-                built = await self.loop.run_in_executor(self.pool, self.net.setup, plan, starter.pid, starter.start,
-                                                        who.pid, job_ns)
-            except Exception as e:
-                self.active.discard(key)
-                tag_failure(e, "setup", held=await self.hold_unnetworked(pin, e))
-                raise
-            self.metrics.setup_seconds.labels(plan.network_type).observe(time.perf_counter() - t0)
-            if key not in self.watches:
-                self.watch(key, starter.pid, starter.start)
-            log.info("networked job %s on %s: %s %s in %.1f ms", plan.job_id, plan.slot, built.plan["network_type"],
-                     built.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
+            built = await self._network(starter, key, plan, who.pid, job_ns)
             return protocol.ok(plan=built.plan, env=env_for(built.plan), exit_barrier=self.exit_barrier())
 
     async def hold_unnetworked(self, pin: Pin, error: Exception) -> bool:

@@ -27,6 +27,9 @@ from ..errors import LarkError
 
 PLUGIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
 MAX_PATH = 4096
+# A refusal's result names at most this many of the request's files: the request text is the job's to write
+# (one request line holds tens of thousands of empty ads), and HTCondor holds the job on the first failure.
+MAX_RESULT_ADS = 64
 
 
 @dataclass(frozen=True)
@@ -87,14 +90,17 @@ def failure_ads(request_text: object, reason: str) -> str:
     """HTCondor's multi-file plugin result for a refused request: one failed transfer per file the plugin's input
     file (`request_text`, as the wrapper read it) names, each with `reason` as its TransferError, which HTCondor
     puts in the job's hold reason."""
-    requests = []
+    requests: list = []
     if isinstance(request_text, str):
         try:
-            requests = list(classad2.parseAds(request_text))
+            for request in classad2.parseAds(request_text):   # lazily: only the first MAX_RESULT_ADS are read
+                requests.append(request)
+                if len(requests) == MAX_RESULT_ADS:
+                    break
         except (ValueError, RuntimeError):
-            requests = []
+            pass
     results = []
-    for request in requests or [classad2.ClassAd()]:
+    for request in requests[:MAX_RESULT_ADS] or [classad2.ClassAd()]:
         url = str(request.get("Url", request.get("URL", "")))
         ad = classad2.ClassAd()
         ad["TransferUrl"] = url

@@ -266,3 +266,64 @@ def test_the_check_refuses_every_job_where_no_network_namespace_can_be_made(tmp_
         _run(d, lambda: d.dispatch({"op": "check"}, Peer(pid=ME, uid=1000, gid=1000)))
     limit.write_text("100\n")
     assert _answer(_run(d, lambda: d.dispatch({"op": "check"}, Peer(pid=ME, uid=1000, gid=1000))))["ok"]
+
+
+def test_a_jobs_own_uploads_do_not_buy_it_more_schedd_pushes(tmp_path, monkeypatch):
+    """A job can run the transfer plugin itself with -upload as often as it likes: the push larkd makes after an
+    upload comes out of the same budget as the job's own `push` requests (one per 30 s)."""
+    from lark.daemon.pins import Pin
+    d, _ = _daemon(tmp_path, monkeypatch)
+    clock = [1000.0]
+    monkeypatch.setattr(server_mod.time, "monotonic", lambda: clock[0])
+    pushed = []
+
+    class FakePusher:
+        def push(self, key, schedd, job_id, stats):
+            pushed.append(clock[0])
+            return True
+
+    d.pusher = FakePusher()
+    monkeypatch.setattr(d.acct, "poll", lambda: None)
+    monkeypatch.setattr(d, "stats", lambda key: {"key": key, "usage": {}})
+    d.pins.save(Pin(key="slot1", starter_pid=ME, starter_start=1, netns_inode=7, job_id="3.0",
+                    global_job_id="ap#3.0#1", schedd="ap"))
+    d.active = {"slot1"}
+
+    async def flow():
+        for _ in range(5):
+            await d._push_now("slot1")
+            clock[0] += 1.0
+        clock[0] += 30.0
+        await d._push_now("slot1")
+        return _answer(await d.dispatch({"op": "push"}, Peer(pid=ME, uid=1000, gid=1000)))
+
+    after = _run(d, flow)
+    assert pushed == [1000.0, 1035.0]
+    assert after["pushed"] is False and after["refused"] is True   # the upload's push spent the budget
+
+
+def test_a_transfer_plugin_of_a_job_with_no_network_is_refused_with_result_ads_and_builds_nothing(tmp_path,
+                                                                                                 monkeypatch):
+    import classad2
+    d, k = _daemon(tmp_path, monkeypatch)
+    plugins = tmp_path / "libexec"
+    plugins.mkdir(mode=0o755)
+    os.chmod(plugins, 0o755)
+    (plugins / "curl_plugin").write_text("#!/bin/sh\n")
+    os.chmod(plugins / "curl_plugin", 0o755)
+    d.cfg.transfer_plugin_dir = str(plugins)
+    monkeypatch.setattr(d, "plan_for", lambda st, key: NetworkPlan(job_id="3.0", slot=st.slot, key=key,
+                                                                    network_type="none"))
+    request = '[ Url = "http://w/a.bin"; LocalFileName = "/x/a.bin" ]'
+    argv = ["curl_plugin", "-infile", "/x/.curl_plugin.in", "-outfile", "/x/.curl_plugin.in.out"]
+    answer = _answer(_run(d, lambda: d.dispatch({"op": "transfer_plugin", "argv": argv, "request": request},
+                                                Peer(pid=ME, uid=1000, gid=1000), object(), object())))
+    assert answer["ok"] is False and "gives it no network" in answer["error"]
+    [ad] = classad2.parseAds(answer["results"])
+    assert ad["TransferSuccess"] is False and ad["TransferUrl"] == "http://w/a.bin"
+    assert "Lark: this transfer gets no network" in ad["TransferError"]
+    assert k.objects == set() and d.records.keys() == [] and d.active == set()
+    # A job writes the request itself: thousands of ads in one request line get a bounded answer.
+    from lark.daemon.transfer_plugin import MAX_RESULT_ADS, failure_ads
+    many = '[ Url = "http://w/x" ]' * 3000
+    assert len(list(classad2.parseAds(failure_ads(many, "Lark: no")))) == MAX_RESULT_ADS
