@@ -19,7 +19,10 @@ from lark.daemon import verify as verify_mod
 from lark.daemon.jobnet import JobNetworker
 from lark.daemon.records import FinishedStore, RecordStore
 from lark.kernel.accounting import Accountant
+from lark.kernel.attach.base import AttachMode, BridgedMode
+from lark.kernel.attach.bridge import BridgeMode
 from lark.kernel.attach.nat import NatMode
+from lark.kernel.attach.ovs import OvsMode
 from lark.kernel.drift import Finding, drifted, present
 from lark.kernel.firewall.base import Counters, Firewall
 from lark.names import JobNames
@@ -85,30 +88,83 @@ class FakeFirewall(Firewall):
         return (f"fw:{self.name}", "base") in self.k.objects
 
 
-class FakeMode(NatMode):
-    """NAT mode's addressing (real pools); its kernel work goes to the fake kernel."""
+class FakeAttach(AttachMode):
+    """The kernel (or switch) work of an attach mode, on the fake kernel: its shared object ("<mode>-shared"),
+    each job's port or route (kind "<mode>") and the mode's own filter ("<mode>-filter"). Mixed in before a real
+    mode, so addressing (pools, gateway, prefix) and the traits (bridged, counts_by_link) stay the mode's own."""
 
-    def __init__(self, cfg: Config, kernel: FakeKernel):
-        super().__init__(cfg)
-        self.k = kernel
+    k: FakeKernel
+
+    kind = "port"        # the fake kernel's kind of this mode's per-job object
+    step_prefix = "port"  # injected failures name the step "<prefix>.attach", ...
+    makes_shared = True   # prepare() makes a shared host object (a bridge); NAT's makes none
+    filters = True        # secure() adds per-job filtering of the mode's own (bridge rules, OVS flows)
+
+    def prepare(self, ipr) -> None:
+        if self.makes_shared:
+            self.k.step(f"{self.step_prefix}.prepare")
+            self.k.objects.add((f"{self.name}-shared", "host"))
 
     def attach(self, ipr, host_idx: int, plan, names: JobNames) -> None:
-        self.k.step("mode.attach")
-        self.k.objects.add(("route", f"{plan.ipv4}/{names.key}"))
+        self.k.step(f"{self.step_prefix}.attach")
+        self.k.objects.add((self.kind, f"{plan.ipv4}/{names.key}"))
+
+    def wait_forwarding(self, ipr, host_idx: int, job: str) -> None:
+        self.k.step(f"{self.step_prefix}.wait_forwarding")
+
+    def secure(self, plan, names: JobNames) -> None:
+        if self.filters:
+            self.k.step(f"{self.step_prefix}.secure")
+            self.k.objects.add((f"{self.name}-filter", names.key))
 
     def detach(self, names: JobNames) -> bool:
-        self.k.step("mode.detach")
-        gone = {o for o in self.k.objects if o[0] == "route" and o[1].endswith("/" + names.key)}
+        self.k.step(f"{self.step_prefix}.detach")
+        gone = {o for o in self.k.objects
+                if (o[0] == self.kind and o[1].endswith("/" + names.key)) or o == (f"{self.name}-filter", names.key)}
         self.k.objects -= gone
         return bool(gone)
 
     def job_keys(self) -> set[str]:
-        return {name.rpartition("/")[2] for kind, name in self.k.objects if kind == "route"}
+        return ({name.rpartition("/")[2] for kind, name in self.k.objects if kind == self.kind}
+                | {name for kind, name in self.k.objects if kind == f"{self.name}-filter"})
 
     def verify(self, ipr, host_idx: int, plan, names: JobNames) -> list[Finding]:
-        what = f"route {plan.ipv4}"
-        there = ("route", f"{plan.ipv4}/{names.key}") in self.k.objects
-        return [present(what) if there else drifted(what, "gone", "route")]
+        what = f"{self.kind} {plan.ipv4}"
+        there = (self.kind, f"{plan.ipv4}/{names.key}") in self.k.objects
+        return [present(what) if there else drifted(what, "gone", self.kind)]
+
+
+class FakeMode(FakeAttach, NatMode):
+    """NAT mode's addressing (real pools); its kernel work (the job's route) goes to the fake kernel."""
+    kind, step_prefix, makes_shared, filters = "route", "mode", False, False
+
+    def __init__(self, cfg: Config, kernel: FakeKernel):
+        NatMode.__init__(self, cfg)
+        self.k = kernel
+
+
+class FakeBridgeMode(FakeAttach, BridgeMode):
+    """Linux-bridge mode: a station on the site network (bridge_range), its port and filter on the fake kernel."""
+    kind, step_prefix = "bridge-port", "bridge"
+
+    def __init__(self, cfg: Config, kernel: FakeKernel):
+        BridgeMode.__init__(self, cfg)
+        self.k = kernel
+
+
+class FakeOvsMode(FakeAttach, OvsMode):
+    """OVS mode (counted by link): its port and flows on the fake kernel. OvsMode's own __init__ would reach for
+    an OVSDB; only BridgedMode's (the address pools) runs."""
+    kind, step_prefix = "ovs-port", "ovs"
+
+    def __init__(self, cfg: Config, kernel: FakeKernel):
+        BridgedMode.__init__(self, cfg)
+        self.k = kernel
+
+
+FAKE_MODES: dict[str, type] = {"nat": FakeMode, "bridge": FakeBridgeMode, "ovs_bridge": FakeOvsMode}
+# The site network of the bridged fakes (documentation addresses, RFC 5737).
+BRIDGED_CONFIG = {"bridge_range": "192.0.2.10-192.0.2.12", "bridge_gateway": "192.0.2.1", "bridge_prefix": 24}
 
 
 def _fake_netns(k: FakeKernel) -> SimpleNamespace:
@@ -180,9 +236,13 @@ def _fake_links(k: FakeKernel) -> SimpleNamespace:
                            add_job_address6=lambda *a: k.step("links.add_job_address6"), list_links=list_links)
 
 
-def fake_networker(tmp: str, monkeypatch, **cfg_overrides) -> tuple[JobNetworker, FakeKernel]:
-    """A JobNetworker whose kernel is a FakeKernel: real records, pools and accounting in `tmp`."""
+def fake_networker(tmp: str, monkeypatch, modes: tuple[str, ...] = ("nat",),
+                   **cfg_overrides) -> tuple[JobNetworker, FakeKernel]:
+    """A JobNetworker whose kernel is a FakeKernel: real records, pools and accounting in `tmp`; one fake attach
+    mode per name in `modes` (nat, bridge, ovs_bridge)."""
     k = FakeKernel()
+    if set(modes) - {"nat"}:
+        cfg_overrides = {**BRIDGED_CONFIG, **cfg_overrides}
     cfg = Config(run_dir=os.path.join(tmp, "run"), state_dir=os.path.join(tmp, "state"),
                  netns_dir=os.path.join(tmp, "netns"), subnet="10.77.0.0/29", **cfg_overrides).validate()
     os.makedirs(cfg.netns_dir)
@@ -204,6 +264,6 @@ def fake_networker(tmp: str, monkeypatch, **cfg_overrides) -> tuple[JobNetworker
     fw = FakeFirewall(cfg, k)
     net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
                        FinishedStore(os.path.join(cfg.state_dir, "finished")))
-    net.modes = {"nat": FakeMode(cfg, k)}
+    net.modes = {name: FAKE_MODES[name](cfg, k) for name in modes}
     monkeypatch.setattr(net, "_host_netlink", lambda: SimpleNamespace(link_lookup=lambda ifname: [7]))
     return net, k
