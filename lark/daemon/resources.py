@@ -211,11 +211,11 @@ class Veth(Base):
     name, phase = "veth", Phase.UNLINK
 
     def add(self, ctx: JobCtx) -> None:
-        assert ctx.net is not None and ctx.profile is not None
+        assert ctx.net is not None and ctx.profile is not None and ctx.profile.mode is not None
         plan, n = ctx.net.plan, ctx.names
         made = links.create_veth(ctx.ipr, n.host_if, n.job_if, ctx.ns_fd, plan.job_id,
                                  n.job_mac if ctx.profile.bridged else None,
-                                 mtu.for_job(ctx.ipr, self.host.cfg, plan.network_type))
+                                 mtu.for_job(ctx.ipr, self.host.cfg, ctx.profile.mode))
         # The kernel's echo of the create request gave the indexes (links.py); else look the host end up.
         ctx.host_idx = made.host if made is not None else ctx.ipr.link_lookup(ifname=n.host_if)[0]
 
@@ -373,9 +373,9 @@ class DnsSteering(Base):
     name, phase = "dns", Phase.DRAIN
 
     def add(self, ctx: JobCtx) -> None:
-        assert ctx.net is not None
+        assert ctx.net is not None and ctx.profile is not None and ctx.profile.mode is not None
         plan = ctx.net.plan
-        dns.setup_job(self.host.dns, ctx.ipr, plan.network_type, ctx.net.ipv4, ctx.ns_fd,
+        dns.setup_job(self.host.dns, ctx.ipr, ctx.profile.mode.host_device, ctx.net.ipv4, ctx.ns_fd,
                       self.host.netns_path(plan.key), ctx.names.job_if, ctx.job_idx, plan.job_id)
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:

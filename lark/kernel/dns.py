@@ -291,9 +291,10 @@ def forwarder_status(cfg: Config) -> str:
 
 
 
-def setup_job(fwd: Forwarder, ipr: IPRoute, network_type: str, ipv4: str | None, ns_fd: int, netns_path: str,
+def setup_job(fwd: Forwarder, ipr: IPRoute, host_device: str | None, ipv4: str | None, ns_fd: int, netns_path: str,
               job_if: str, job_idx: int, job: str) -> list[str]:
-    """Steer one job's DNS for the host's loopback nameservers to the forwarder; the nameservers steered."""
+    """Steer one job's DNS for the host's loopback nameservers to the forwarder; the nameservers steered.
+    `host_device`: the host's device on a bridged job's network (AttachMode.host_device), None for NAT."""
     servers, servers6 = fwd.wanted, fwd.wanted6
     if servers6 and not ipv4:
         # The relay forwards to the forwarder's IPv4 address over the job's link.
@@ -308,12 +309,11 @@ def setup_job(fwd: Forwarder, ipr: IPRoute, network_type: str, ipv4: str | None,
                   ", ".join(servers + servers6), e)
         return []
     via = None
-    if network_type != "nat":
-        device = fwd.cfg.ovs_bridge_name if network_type == "ovs_bridge" else fwd.cfg.bridge_name
-        via = host_address_on(ipr, device)
+    if host_device is not None:
+        via = host_address_on(ipr, host_device)
         if via is None:
             log.warning("job %s: the host has no IPv4 address on %s, so the job cannot reach the DNS forwarder "
-                        "for %s", job, device, ", ".join(servers))
+                        "for %s", job, host_device, ", ".join(servers))
             return []
     if servers:
         steer_job(ns_fd, job_if, job_idx, servers, fwd.cfg.dns_address, via, job)

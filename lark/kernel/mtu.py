@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+from typing import Protocol
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -58,15 +59,13 @@ def route_out_mtu(ipr: IPRoute, uplink: str) -> int | None:
     return device_mtu(ipr, uplink)
 
 
-def for_job(ipr: IPRoute, cfg: Config, network_type: str) -> int:
-    """The MTU both ends of a job's veth get."""
+class MtuSource(Protocol):
+    def link_mtu(self, ipr: IPRoute) -> int | None: ...
+
+
+def for_job(ipr: IPRoute, cfg: Config, mode: MtuSource) -> int:
+    """The MTU both ends of a job's veth get: `job_mtu`, else what the job's attach mode says (AttachMode.link_mtu:
+    the bridge, the OVS uplink, or the route out)."""
     if cfg.job_mtu:
         return cfg.job_mtu
-    if network_type == "bridge":
-        found = device_mtu(ipr, cfg.bridge_name)
-    elif network_type == "ovs_bridge":
-        # The OVS internal port does not track its ports' MTU on every datapath: the uplink is the truth.
-        found = device_mtu(ipr, cfg.ovs_uplink) or device_mtu(ipr, cfg.ovs_bridge_name)
-    else:
-        found = route_out_mtu(ipr, cfg.uplink)
-    return found or DEFAULT
+    return mode.link_mtu(ipr) or DEFAULT

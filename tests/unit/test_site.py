@@ -166,7 +166,7 @@ def test_setup_job_without_a_forwarder_logs_and_leaves_the_job_unsteered(tmp_pat
     monkeypatch.setattr(fwd, "ensure", no_dnsmasq)
     steered = []
     monkeypatch.setattr(dns, "steer_job", lambda *a: steered.append(a))
-    assert dns.setup_job(fwd, None, "nat", "10.213.0.2", -1, "/x", "eth0", 2, "7.0") == []
+    assert dns.setup_job(fwd, None, None, "10.213.0.2", -1, "/x", "eth0", 2, "7.0") == []
     assert steered == [] and "job 7.0" in caplog.text and "dnsmasq is not installed" in caplog.text
 
 
@@ -178,9 +178,9 @@ def test_setup_job_for_a_bridged_job_without_host_address_on_the_bridge(tmp_path
     monkeypatch.setattr(dns, "host_address_on", lambda ipr, dev: None)
     steered = []
     monkeypatch.setattr(dns, "steer_job", lambda *a: steered.append(a))
-    assert dns.setup_job(fwd, None, "bridge", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == []
+    assert dns.setup_job(fwd, None, "lkbr0", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == []
     monkeypatch.setattr(dns, "host_address_on", lambda ipr, dev: "192.0.2.2")
-    assert dns.setup_job(fwd, None, "bridge", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == ["127.0.0.53"]
+    assert dns.setup_job(fwd, None, "lkbr0", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == ["127.0.0.53"]
     assert steered[0][5] == "192.0.2.2"  # the route to the forwarder goes via the host's bridge address
 
 

@@ -48,7 +48,7 @@ def test_ipv6_only_resolvers_route_a_bridged_job_to_the_forwarder_and_start_a_re
     monkeypatch.setattr(dns, "steer_job", lambda *a: calls.append(("steer",)))
     monkeypatch.setattr(dns, "route_to_forwarder", lambda fd, idx, service, via: calls.append(("route", via)))
     monkeypatch.setattr(dns6, "start_relay", lambda cfg, path, listen, job: calls.append(("relay", listen)))
-    assert dns.setup_job(fwd, None, "bridge", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == ["::1"]
+    assert dns.setup_job(fwd, None, "lkbr0", "192.0.2.100", -1, "/x", "eth0", 2, "8.0") == ["::1"]
     assert calls == [("route", "192.0.2.2"), ("relay", ["::1"])]  # no IPv4 DNAT table: nothing to steer
 
 
@@ -56,13 +56,13 @@ def test_no_ipv4_or_a_failed_relay_leaves_the_job_running_with_a_log_line(tmp_pa
     fwd = _forwarder(tmp_path, "nameserver 127.0.0.53\nnameserver ::1\n")
     monkeypatch.setattr(fwd, "ensure", lambda ipr: None)
     monkeypatch.setattr(dns, "steer_job", lambda *a: None)
-    assert dns.setup_job(fwd, None, "nat", None, -1, "/x", "eth0", 2, "9.0") == []
+    assert dns.setup_job(fwd, None, None, None, -1, "/x", "eth0", 2, "9.0") == []
     assert "job 9.0 has no IPv4 address" in caplog.text
 
     def broken(*a):
         raise LarkError("dnsmasq did not start in the job's netns", job="9.0", obj="DNS relay")
     monkeypatch.setattr(dns6, "start_relay", broken)
-    assert dns.setup_job(fwd, None, "nat", "10.213.0.2", -1, "/x", "eth0", 2, "9.0") == ["127.0.0.53"]
+    assert dns.setup_job(fwd, None, None, "10.213.0.2", -1, "/x", "eth0", 2, "9.0") == ["127.0.0.53"]
     assert "no DNS relay" in caplog.text and "dnsmasq did not start" in caplog.text
 
 

@@ -9,6 +9,7 @@ from pyroute2 import IPRoute
 from ...config import Config
 from ...names import JobNames
 from ...plan import JobNetwork
+from .. import mtu
 from ..drift import Finding
 from ..ipam import LockPool, range_pool, range_pool6
 
@@ -49,6 +50,16 @@ class AttachMode(abc.ABC):
 
     def prepare(self, ipr: IPRoute) -> None:
         """Shared host objects this mode needs (a bridge, ...); idempotent and cheap when done."""
+
+    @property
+    def host_device(self) -> str | None:
+        """The host's device on the jobs' network, whose address a job reaches directly (the DNS forwarder's
+        route goes via it); None: the job reaches the host through its gateway route (NAT)."""
+        return None
+
+    def link_mtu(self, ipr: IPRoute) -> int | None:
+        """The MTU of the network behind this mode (lark/kernel/mtu.py): NAT follows the route out."""
+        return mtu.route_out_mtu(ipr, self.cfg.uplink)
 
     @abc.abstractmethod
     def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:

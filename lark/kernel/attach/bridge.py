@@ -16,6 +16,7 @@ from pyroute2 import IPRoute
 from ...errors import LarkError
 from ...names import JobNames
 from ...plan import JobNetwork
+from .. import mtu
 from ..drift import Finding, drifted, present
 from ..firewall import same_ep
 from ..links import take_over_uplink, wait_bridge_port_forwarding
@@ -31,6 +32,14 @@ class BridgeMode(BridgedMode):
     @property
     def created_marker(self) -> str:
         return os.path.join(self.cfg.run_dir, f"bridge-{self.cfg.bridge_name}.created")
+
+    @property
+    def host_device(self) -> str | None:
+        return self.cfg.bridge_name
+
+    def link_mtu(self, ipr: IPRoute) -> int | None:
+        # The bridge's MTU is its smallest port's (the uplink's, once enslaved).
+        return mtu.device_mtu(ipr, self.cfg.bridge_name)
 
     def prepare(self, ipr: IPRoute) -> None:
         if self._ready and ipr.link_lookup(ifname=self.cfg.bridge_name):

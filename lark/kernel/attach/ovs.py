@@ -28,6 +28,7 @@ from ... import labelflows
 from ...errors import LarkError
 from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
+from .. import mtu
 from ..drift import Finding, drifted, present
 from ..firewall.base import run_tool
 from ..links import take_over_uplink
@@ -155,6 +156,14 @@ class OvsMode(BridgedMode):
     def ofctl(self, *args: str, input: str | None = None):
         target = f"unix:{os.path.join(self.cfg.ovs_rundir, self.br + '.mgmt')}"
         return run_tool(["ovs-ofctl", args[0], target, *args[1:]], input=input, what=f"ovs-ofctl {args[0]}")
+
+    @property
+    def host_device(self) -> str | None:
+        return self.cfg.ovs_bridge_name
+
+    def link_mtu(self, ipr: IPRoute) -> int | None:
+        # The OVS internal port does not track its ports' MTU on every datapath: the uplink is the truth.
+        return mtu.device_mtu(ipr, self.cfg.ovs_uplink) or mtu.device_mtu(ipr, self.cfg.ovs_bridge_name)
 
     def datapath(self) -> str:
         if self.cfg.ovs_datapath != "auto":
