@@ -37,6 +37,9 @@ MAX_PCP = 7
 P_EP_SOURCE = 320
 P_TAGGED_FOREIGN = 310                # a tagged frame no EP's port and range vouch for
 P_BLOCKED, P_COMMON, P_TO_JOB, P_OFF_JOB, P_BAD_PCP = 500, 470, 460, 450, 440
+# table 1, below the per-job slice flows of an untagged job (300, 290): an untagged job's sliced frame toward a job
+# address that no per-job flow admits (a labelled job's: NORMAL would deliver it untagged, outside the slice)
+P_SLICED_UNTAGGED = 280
 SINGLING_ATTRS = ("LarkJobId", "GlobalJobId", "ClusterId", "ProcId", "JobId")
 _SINGLING_RE = re.compile(r"\b(" + "|".join(SINGLING_ATTRS) + r")\b", re.IGNORECASE)
 
@@ -91,6 +94,14 @@ def core_flows(cfg: ControllerConfig) -> list[Flow]:
     job_nets = [ipaddress.ip_network(n) for scope in cfg.eps.values() for n in scope.networks]
     job_nets = list(ipaddress.collapse_addresses([n for n in job_nets if n.version == 4])) + list(
         ipaddress.collapse_addresses([n for n in job_nets if n.version == 6]))
+    # Jobs whose EP does not tag them (a Linux-bridge job, JobReg.tagged false) have the per-job flows: their frames
+    # come untagged with their slice in the metadata. Toward a job address, only the per-job slice flows (300, 290)
+    # let such a frame on; toward a labelled job (no per-job flows) it is dropped here, or NORMAL would deliver it
+    # untagged, which every labelled job's EP hands to its jobs. Unsliced untagged frames (metadata 0) went on at 400.
+    flows += [Flow(T_SLICE, P_SLICED_UNTAGGED, (("eth_type", ETH_IP), ("ipv4_dst", _net(n))), ("drop",))
+              if n.version == 4 else
+              Flow(T_SLICE, P_SLICED_UNTAGGED, (("eth_type", ETH_IP6), ("ipv6_dst", _net(n))), ("drop",))
+              for n in job_nets]
     for a in wan_actions(cfg):
         md = ("goto", T_WAN, a << WAN_SHIFT, 0xFF << WAN_SHIFT)
         flows.append(Flow(T_SLICE, P_COMMON, (("vlan_vid", VID_PRESENT | COMMON_VID), ("vlan_pcp", a)),

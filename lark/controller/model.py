@@ -46,6 +46,9 @@ class JobReg:
     vlan: int | None = None
     request_bandwidth_mbit: float = 0.0
     attrs: dict = field(default_factory=dict)
+    # [labels] mode = "vlan": whether the EP's switch tags the job's frames with the label it is answered (larkd's OVS
+    # mode does); an EP that cannot (a Linux-bridge job) says false, and the job gets the per-job flows on the core
+    tagged: bool = True
 
     @property
     def ident(self) -> tuple[str, str]:
@@ -106,6 +109,9 @@ class JobReg:
         bw = data.get("request_bandwidth_mbit", 0.0) or 0.0
         if not _plain_number(bw) or bw < 0:
             raise bad(f"request_bandwidth_mbit = {bw!r} is not a rate", "send Mbit/s as a number")
+        tagged = data.get("tagged", True)
+        if not isinstance(tagged, bool):
+            raise bad(f"tagged = {tagged!r} is not a boolean", "send true (the EP tags the job's frames) or false")
         attrs = data.get("attrs", {}) or {}
         if not isinstance(attrs, dict) or len(attrs) > 64 or any(
                 not isinstance(k, str) or not re.fullmatch(r"[A-Za-z_]\w{0,99}", k)
@@ -115,4 +121,4 @@ class JobReg:
             raise bad("attrs must map up to 64 attribute names to plain values", "send strings, numbers, booleans")
         return cls(ep=ep, key=data["key"], job_id=data["job_id"], owner=data.get("owner", ""),
                    accounting_group=data.get("accounting_group", ""), addresses=addrs, mac=mac, vlan=vlan,
-                   request_bandwidth_mbit=float(bw), attrs=dict(attrs))
+                   request_bandwidth_mbit=float(bw), attrs=dict(attrs), tagged=tagged)

@@ -113,8 +113,10 @@ class Registry:
                                 obj="per-user slices", fix="rename one of the slice policies (the id is a hash)")
         # into its group's WAN limit on the port its WAN traffic leaves by (issue 12)
         wan = self.wan.job_flows(job, wan_port(d)) if not d.blocked_by else []
-        if self._labelled:
-            # per-job entries only for a drop policy that singles out jobs (and WAN group limits, still per job)
+        if self._labelled and job.tagged:
+            # per-job entries only for a drop policy that singles out jobs (and WAN group limits, still per job).
+            # A job its EP does not tag (a Linux-bridge job) gets the per-job flows below: untagged, its frames
+            # would pass the core as a host's, outside its drop or slice policy.
             own = job_flows(job, d, self._ports(job)) if d.blocked_by in self._singling else []
             return Entry(job, d, own + wan, job.cookie, label=self._label(job, d))
         same_ep = hairpin.job_flows(job, self.cfg) if not d.blocked_by else []   # back to its isolated EP

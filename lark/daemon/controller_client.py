@@ -39,7 +39,10 @@ def registration(plan: JobNetwork | dict, mac: str) -> dict:
             "accounting_group": p.get("accounting_group", ""),
             "addresses": [a for a in (p.get("ipv4"), p.get("ipv6")) if a], "mac": mac,
             "vlan": p.get("vlan") if isinstance(p.get("vlan"), int) else None,
-            "request_bandwidth_mbit": p.get("request_bandwidth_mbit") or 0.0, "attrs": p.get("job_attrs") or {}}
+            "request_bandwidth_mbit": p.get("request_bandwidth_mbit") or 0.0, "attrs": p.get("job_attrs") or {},
+            # only OVS mode tags a job's frames with a label-scheme controller's label (issue 26); a Linux-bridge job
+            # leaves untagged, so the controller gives it per-job flows on the core instead of a label
+            "tagged": p.get("network_type") == "ovs_bridge"}
 
 
 def controller_urls(cfg: Config) -> list[str]:

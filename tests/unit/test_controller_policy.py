@@ -139,8 +139,8 @@ def test_registration_carries_what_the_policies_need():
     r = registration(plan(), "02:00:00:00:00:05")
     assert r == {"key": "k1", "job_id": "5.0", "owner": "alice", "accounting_group": "cms",
                  "addresses": ["10.77.1.5"], "mac": "02:00:00:00:00:05", "vlan": 7, "request_bandwidth_mbit": 0.0,
-                 "attrs": {"ProjectName": "lhc"}}
-    assert JobReg.from_wire(r, "ep1").attrs == {"ProjectName": "lhc"}
+                 "attrs": {"ProjectName": "lhc"}, "tagged": False}   # a Linux-bridge job: not tagged (issue 26)
+    assert JobReg.from_wire(r, "ep1").attrs == {"ProjectName": "lhc"} and not JobReg.from_wire(r, "ep1").tagged
 
 
 def closed_port() -> int:
