@@ -34,6 +34,7 @@ setup(
             "lark-hook=lark.job.update_hook:main",
             "lark-prepare-job=lark.job.prepare_hook:main",
             "lark-transfer-plugin=lark.job.transfer_plugin:main",
+            "lark-oci-runtime=lark.job.oci_runtime:main",
             "lark-controller=lark.controller.cli:main",
         ]
     },

@@ -67,6 +67,8 @@ class Config:
     # Where the real file-transfer plugins are that lark-transfer-plugin wrappers (FILETRANSFER_PLUGINS) stand in
     # for: larkd runs the one of the wrapper's name from here, in the job's network namespace, as the job's user.
     transfer_plugin_dir: str = "/usr/libexec/condor"
+    # dockerd's API socket, where larkd asks a docker job's container name (docker_setup, from lark-oci-runtime)
+    docker_host: str = "unix:///run/docker.sock"
     # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
     # management address: the figures name slots and running job ids.
     metrics_address: str = ""
@@ -350,7 +352,7 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 LIVE_FIELDS = frozenset({
     "poll_interval", "request_timeout", "callout", "callout_timeout", "starter_paths", "default_bandwidth",
     "default_network_type", "dhcp_release", "dhcp_renew_interval", "finished_keep",
-    "exit_barrier_wait",
+    "exit_barrier_wait", "docker_host",
 })
 
 

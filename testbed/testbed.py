@@ -385,7 +385,9 @@ DOCKERD = ["dockerd", "--host", f"unix://{DOCKER_SOCK}", "--group", "condor", "-
            "--cgroup-parent", DOCKER_CGROUP_PARENT,
            # No firewall rules (the machine's firewall is never touched; the EP's netns is larkd's). docker0 (in the
            # EP's netns only) stays, as on a site's EP: a container created without --network lands on it.
-           "--iptables=false", "--ip6tables=false", "--bip", DOCKER_BRIDGE_IP]
+           "--iptables=false", "--ip6tables=false", "--bip", DOCKER_BRIDGE_IP,
+           # Lark's OCI runtime: lark-docker creates job containers with --runtime=lark (docs/admin.md)
+           "--add-runtime", "lark=/opt/lark/bin/lark-oci-runtime"]
 
 
 def docker(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:

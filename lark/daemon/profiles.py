@@ -36,6 +36,12 @@ class Profile:
         return self.mode is not None and self.mode.bridged
 
     @property
+    def firewall_rules(self) -> str:
+        """The host firewall's rule set for its jobs (its attach mode's)."""
+        assert self.mode is not None, "a job without a network has no host firewall rules"
+        return self.mode.firewall_rules
+
+    @property
     def counts_by_link(self) -> bool:
         """Its traffic bypasses netfilter: the accountant reads the veth's counters."""
         return self.mode is not None and self.mode.counts_by_link

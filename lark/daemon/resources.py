@@ -515,7 +515,7 @@ class FirewallAndAccounting(Base):
 
     def add(self, ctx: JobCtx) -> None:
         assert ctx.net is not None and ctx.rec is not None and ctx.profile is not None
-        self.host.fw.add_job(ctx.net, ctx.names)
+        self.host.fw.add_job(ctx.net, ctx.names, ctx.profile.firewall_rules)
         self.host.acct.start(ctx.key, ctx.rec.created, ctx.names.host_if if ctx.profile.counts_by_link else None)
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
@@ -540,7 +540,9 @@ class FirewallAndAccounting(Base):
         return [(k, f"{self.host.fw.name} rules") for k in fw_job_keys(self.host.fw)]
 
     def check(self, ctx: CheckCtx) -> list[Finding]:
-        return self.host.fw.verify_job(ctx.job, ctx.names)
+        if ctx.profile is None or ctx.profile.mode is None:
+            return []  # the attach step's check reported the network type this larkd no longer offers
+        return self.host.fw.verify_job(ctx.job, ctx.names, ctx.profile.firewall_rules)
 
 
 def fw_job_keys(fw: Firewall) -> set[str]:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .. import PROTOCOL_VERSION, __version__, protocol
@@ -26,7 +27,7 @@ from ..policy.adsource import make_ad_source
 from ..policy.containers import check_container_network
 from ..policy.engine import decide, job_id_of
 from ..policy.startd import JobIdentity
-from . import peercred, ssh_session, transfer_plugin
+from . import docker_setup, peercred, ssh_session, transfer_plugin
 from .admission import Admission, LogLimit, RateLimit
 from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
 from .jobnet import TRANSFER_NETNS, JobNetworker
@@ -397,6 +398,8 @@ class Larkd:
             return await self.op_push(who, barrier=msg.get("barrier") is True)
         if op == "ssh_session" and reader is not None and writer is not None:
             return await self.op_ssh_session(who, msg.get("argv"), reader, writer)
+        if op == "docker_setup":
+            return await self.op_docker_setup(who, msg.get("container"), msg.get("pid"))
         if op == "transfer_plugin" and reader is not None and writer is not None:
             return await self.op_transfer_plugin(who, msg.get("argv"), msg.get("request"), reader, writer)
         if op == "totals":
@@ -687,6 +690,23 @@ class Larkd:
 
     async def op_setup(self, who: peercred.Peer) -> bytes:
         starter, job_ns = peercred.authorize_job(who, self.cfg.starter_paths, self.netns_inode, self.userns_inode)
+        return await self._setup_job(starter, who.pid, job_ns)
+
+    async def op_docker_setup(self, who: peercred.Peer, container: object, pid: object) -> bytes:
+        """A docker-universe job's network, asked for by lark-oci-runtime (root, under containerd) after `runc
+        create` and before `start`: built in the container's own network namespace, its init's pid as the job's
+        (docker_setup.py checks which job it is); torn down, as a vanilla job's, when its starter exits."""
+        cfg = self.cfg
+        job = await self.loop.run_in_executor(self.pool, docker_setup.authorize, who, container, pid,
+                                              cfg.docker_host, cfg.starter_paths, self.netns_inode,
+                                              self.userns_inode)
+        return await self._setup_job(job.starter, job.pid, job.netns,
+                                     check=lambda plan: docker_setup.check_job_ad(plan.job_id, job))
+
+    async def _setup_job(self, starter: peercred.StarterInfo, job_pid: int, job_ns: int,
+                         check: Callable[[NetworkPlan], None] | None = None) -> bytes:
+        """The job's network in its namespace `job_ns` (of process `job_pid`), under its slot's lock; `check`
+        refuses a plan that is not this job's."""
         key = job_key(starter.slot)
         async with self._lock(key):
             old_pin = self._pin(key)
@@ -713,7 +733,9 @@ class Larkd:
             plan = self.checked_plan(starter, key)
             if plan is None:
                 plan = await self.decide_plan(starter, key)
-            built = await self._network(starter, key, plan, who.pid, job_ns)
+            if check is not None:
+                check(plan)
+            built = await self._network(starter, key, plan, job_pid, job_ns)
             return protocol.ok(plan=built.plan, env=env_for(built.plan), exit_barrier=self.exit_barrier())
 
     async def hold_unnetworked(self, pin: Pin, error: Exception) -> bool:

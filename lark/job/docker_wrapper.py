@@ -18,8 +18,13 @@ as `--host`), but rewrites `create` and `run`:
   refused, and those three are always dropped (`--cap-drop`, also where DOCKER_DROP_ALL_CAPABILITIES = false
   leaves Docker's default set, which has NET_RAW): the job must not hold them over its own network namespace,
   where larkd keeps rules of its own (docs/design.md, "Threat model");
-- a network the admin lists in LARK_DOCKER_NETWORKS is passed as asked (Lark does not manage it: a site's choice).
-It imports only the standard library (lark/job/ runs outside larkd: tests/unit/test_job_boundary.py).
+- a network the admin lists in LARK_DOCKER_NETWORKS is passed as asked (Lark does not manage it: a site's choice);
+- every container created with `--network=none` also gets `--runtime=lark`: Lark's OCI runtime
+  (oci_runtime.py) has larkd build the job's network in the container's namespace before the job starts. A dockerd
+  without that runtime refuses the create; the wrapper turns that into a hold reason that says how to register it.
+After `docker start -a` of a job's container (as a child), it holds the exit barrier: larkd writes the job's final
+figures into its ad before the starter sees the container's end.
+It imports only the standard library and Lark's job side (tests/unit/test_job_boundary.py).
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
+
+from ..errors import LarkError
 
 log = logging.getLogger("lark.docker")
 DEFAULT_REAL_DOCKER = "/usr/bin/docker"
@@ -47,6 +54,8 @@ NETWORK_OPTS = ("--network", "--net")
 NET_CAPS = frozenset({"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "ALL"})
 DROPPED_CAPS = ("NET_ADMIN", "NET_RAW", "SYS_ADMIN")
 PUBLISH_OPTS = ("-p", "--publish", "-P", "--publish-all")
+BARRIER_WAIT_S = 20.0  # how long the exit barrier waits for larkd (condor_master restarts it in ~20 s)
+RUNTIME = "lark"  # the name lark-oci-runtime is registered under with dockerd
 JOB_NAME = re.compile(r"HTCJob(\d+)_(\d+)_")
 # docker's global options that take a value (before the subcommand).
 GLOBAL_WITH_VALUE = frozenset({"-H", "--host", "-c", "--context", "--config", "-l", "--log-level", "--tlscacert",
@@ -78,11 +87,12 @@ def allowed_networks() -> set[str]:
     return {n for n in re.split(r"[\s,]+", knob("LARK_DOCKER_NETWORKS") or "") if n}
 
 
-def split_command(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
-    """(global options, subcommand, its arguments) of a docker command line."""
+def split_command(argv: Sequence[str], with_value: frozenset[str] = GLOBAL_WITH_VALUE,
+                  ) -> tuple[list[str], str | None, list[str]]:
+    """(global options, subcommand, its arguments) of a docker command line (of runc's: its `with_value`)."""
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
-        i += 2 if argv[i] in GLOBAL_WITH_VALUE else 1
+        i += 2 if argv[i] in with_value else 1
     if i >= len(argv):
         return list(argv), None, []
     return list(argv[:i]), argv[i], list(argv[i + 1:])
@@ -160,7 +170,62 @@ def rewrite_create(args: Sequence[str], allowed: set[str]) -> list[str]:
     if named:
         log.info("%s: network %s passed as asked (LARK_DOCKER_NETWORKS)", job_of(args), ", ".join(named))
         return [*out, *(f"--network={n}" for n in named), *rest]
-    return [*out, "--network=none", *rest]
+    # The job's network is built in the container's own namespace by Lark's OCI runtime (lark-oci-runtime, asking
+    # larkd between runc's create and start): registered with dockerd under this name.
+    return [*out, "--network=none", f"--runtime={RUNTIME}", *rest]
+
+
+def unknown_runtime(stderr: str) -> str | None:
+    """Lark's hold reason when dockerd refused the create for not knowing Lark's runtime, else None."""
+    if "unknown or invalid runtime name" not in stderr and "unknown runtime" not in stderr.lower():
+        return None
+    name = RUNTIME
+    return (f"Lark: this execution point's dockerd has no OCI runtime {name!r}, which builds a docker job's "
+            f"network (docker said: {' '.join(stderr.split())[:160]}) (register it: dockerd --add-runtime "
+            f"{name}=/opt/lark/bin/lark-oci-runtime, or \"runtimes\" in /etc/docker/daemon.json, then restart "
+            "dockerd; docs/admin.md \"Container jobs\")")
+
+
+def create_through(cmd: list[str]) -> int:
+    """docker create/run as a child (stdin and stdout the starter's), its stderr read: a refusal for want of Lark's
+    runtime becomes a hold reason that says how to register it; any other stderr is passed on as it came."""
+    try:
+        proc = subprocess.run(cmd, stderr=subprocess.PIPE, text=True)
+    except OSError as e:
+        return cannot_run(cmd, "docker CLI", "LARK_REAL_DOCKER", e)
+    reason = unknown_runtime(proc.stderr) if proc.returncode else None
+    sys.stderr.write(f"{reason}\n" if reason else proc.stderr)
+    sys.stderr.flush()
+    return proc.returncode
+
+
+def attached_job(args: Sequence[str]) -> bool:
+    """`docker start -a HTCJob...`: the starter waiting on a job's container (its exit is the job's)."""
+    return any(a in ("-a", "--attach") or a.startswith("--attach=") for a in args) and any(
+        JOB_NAME.match(a) for a in args)
+
+
+def start_with_barrier(cmd: list[str]) -> int:
+    """`docker start -a` as a child (signals forwarded: the starter sees this process as the container's CLI);
+    when the container has ended, larkd is asked to write the job's final figures into its ad (the exit barrier,
+    as lark-job-wrapper's for a vanilla job), then this ends as the CLI did. The starter waits for it, so the job
+    is still in the queue and its history gets these figures."""
+    from .client import call_patiently
+    from .wrapper import Forwarder, end_like, spawn
+    forwarder = Forwarder()
+    forwarder.install()
+    try:
+        child = spawn(cmd, forwarder)
+    except OSError as e:
+        return cannot_run(cmd, "docker CLI", "LARK_REAL_DOCKER", e)
+    _, status = os.waitpid(child, 0)
+    forwarder.stop()
+    try:
+        answer = call_patiently("push", wait=BARRIER_WAIT_S, timeout=30, barrier=True)
+        log.info("exit barrier: %s", answer)
+    except LarkError as e:   # never fails the job: its history keeps the last periodic figures
+        log.warning("the job's final network figures were not written into its ad: %s", e)
+    return end_like(status)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -175,11 +240,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"Lark: {e}", file=sys.stderr, flush=True)
             return EXIT_REFUSED
     cmd = [*real_docker(), *glob, *([sub] if sub else []), *args]
+    if sub in ("create", "run") and f"--runtime={RUNTIME}" in args:
+        return create_through(cmd)
+    if sub == "start" and attached_job(args):
+        return start_with_barrier(cmd)
+    return exec_real(cmd, "docker CLI", "LARK_REAL_DOCKER")
+
+
+def cannot_run(cmd: Sequence[str], what: str, knob_name: str, e: OSError) -> int:
+    print(f"Lark: the {what} {cmd[0]} ({knob_name}) cannot run: {e}", file=sys.stderr, flush=True)
+    return 127
+
+
+def exec_real(cmd: list[str], what: str, knob_name: str) -> int:
+    """Become the real program (its exit code and signals are its own); 127 with the reason if it cannot run."""
     try:
         os.execv(cmd[0], cmd)
     except OSError as e:
-        print(f"Lark: the docker CLI {cmd[0]} (LARK_REAL_DOCKER) cannot run: {e}", file=sys.stderr, flush=True)
-        return 127
+        return cannot_run(cmd, what, knob_name, e)
     return 127  # not reached
 
 

@@ -12,15 +12,24 @@ import shutil
 import time
 
 import pytest
-from condor import as_root, history, job, out_of, submit, testbed, wait_queue
-from test_condor_apptainer import reconfigure  # an EP config file written (or removed), then condor_reconfig
+from condor import as_root, assert_ran_once, history, job, out_of, submit, testbed, wait_queue
+# an EP config file written (or removed), then condor_reconfig; larkd's jobs, links, nft and netns names all gone
+from test_condor_apptainer import assert_nothing_left, reconfigure
 
 pytestmark = pytest.mark.e2e
-IMAGE = "lark-test/busybox:1"
-APPLETS = ("sh", "cat", "ls", "ip", "echo", "sleep", "wc", "head", "cut", "wget")
+IMAGE = "lark-test/busybox:2"  # :2 has sed
+APPLETS = ("sh", "cat", "ls", "ip", "echo", "sleep", "wc", "head", "cut", "wget", "sed")
 SHIM = "/usr/local/libexec/lark-docker"
 CONF = "97-lark-docker.conf"
 IFACES = "ip -o link | cut -d: -f2 | cut -d@ -f1 > ifaces.txt\n"  # the job's interfaces, one a line
+MBIT = 20
+SIZE = 50_000_000  # the world's 50M.bin
+# The job's interfaces and IPv4 address, then the download timed from /proc/uptime (1/100 s).
+DOWNLOAD = IFACES + """ip -o -4 addr show dev eth0 | sed 's/.* inet //; s/ .*//' > addr.txt
+t() {{ read u _ < /proc/uptime; echo "$u"; }}
+a=$(t); n=$(wget -q -O - http://{world}:8000/50M.bin | wc -c); b=$(t)
+echo "$n $a $b"
+"""
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +55,7 @@ def docker_ep(pool):
     shim.chmod(0o755)
     reconfigure(CONF, f"DOCKER = {SHIM}\n"
                 f"LARK_REAL_DOCKER = /usr/bin/docker --host unix://{testbed.DOCKER_SOCK}\n"
+                f"LARK_DOCKER_HOST = unix://{testbed.DOCKER_SOCK}\n"
                 "# No test image ships with Debian's condor; the job's image is local (no registry)\n"
                 "DOCKER_PERFORM_TEST = false\nDOCKER_TRUST_LOCAL_IMAGES = true\n")
     deadline = time.time() + 60
@@ -74,12 +84,28 @@ def containers() -> list[str]:
     return testbed.docker(["ps", "-aq"]).stdout.split()
 
 
-def test_docker_job_runs_in_a_network_namespace_of_its_own(docker_ep):
+def test_docker_job_gets_its_lark_network_limit_and_counters(docker_ep):
     """Without docker_network_type (Docker's bridge NAT, docker0, by default) the wrapper creates the container
-    with --network=none: the job never sees the EP's uplink nor Docker's bridge."""
-    c = docker_job("dk-own", IFACES)
-    assert history(c, ["ExitCode"], timeout=180) == ["0"], out_of("dk-own", fname="err.txt")
-    assert out_of("dk-own", fname="ifaces.txt").split() == ["lo"]
+    with --network=none --runtime=lark: lark-oci-runtime has larkd build the job's network in the container's own
+    namespace before the job starts. The job never sees the EP's uplink nor Docker's bridge, but its own eth0 and
+    address; its download from the world is limited, counted and in its history; nothing is left after it."""
+    c = docker_job("dk-net", DOWNLOAD.format(world=testbed.WORLD_IP), extra=f"request_bandwidth = {MBIT}\n")
+    kind, limit, inbytes, code = history(
+        c, ["LarkNetworkType", "LarkBandwidthLimit", "NetworkIncomingBytes", "ExitCode"], timeout=240)
+    assert (kind, limit, code) == ("nat", str(MBIT), "0"), (kind, limit, code, out_of("dk-net", fname="err.txt"))
+    assert_ran_once(c)
+    assert out_of("dk-net", fname="ifaces.txt").split() == ["lo", "eth0"]
+    addr = out_of("dk-net", fname="addr.txt")
+    assert addr.startswith("10.213.0."), addr  # the testbed's LARK_SUBNET: an address of the job's own
+    n, a, b = out_of("dk-net").split()
+    assert int(n) == SIZE
+    seconds = float(b) - float(a)
+    ratio = SIZE * 8 / seconds / (MBIT * 1e6)
+    print(f"docker job: {n} bytes in {seconds:.2f} s, goodput {ratio:.3f} of {MBIT} Mbit/s; history "
+          f"NetworkIncomingBytes {inbytes}")
+    assert SIZE <= int(inbytes) <= SIZE * 1.01, inbytes  # counted within 1% (headers: bytes on the wire)
+    assert 0.5 <= ratio <= 1.02, f"goodput {ratio:.3f} of the {MBIT} Mbit/s limit"  # generous: a slow VM is slower
+    assert_nothing_left()
     deadline = time.time() + 30
     while containers() and time.time() < deadline:
         time.sleep(1)

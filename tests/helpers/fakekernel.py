@@ -62,7 +62,7 @@ class FakeFirewall(Firewall):
         self.k.step(f"{self.name}.destroy_base")
         self.k.objects.discard((f"fw:{self.name}", "base"))
 
-    def add_job(self, plan, names: JobNames) -> None:
+    def add_job(self, plan, names: JobNames, rules: str) -> None:
         self.k.step(f"{self.name}.add_job")
         self.k.objects.add((f"fw:{self.name}", names.key))
 
@@ -76,7 +76,7 @@ class FakeFirewall(Firewall):
     def read_counters(self) -> dict[str, Counters]:
         return {}
 
-    def verify_job(self, plan, names: JobNames) -> list[Finding]:
+    def verify_job(self, plan, names: JobNames, rules: str) -> list[Finding]:
         self.k.step(f"{self.name}.verify_job")
         what = f"{self.name} rules of {names.host_if}"
         return [present(what) if (f"fw:{self.name}", names.key) in self.k.objects else drifted(what, "gone", "fw")]

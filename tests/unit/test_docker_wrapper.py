@@ -14,7 +14,7 @@ TAIL = ["--hostname", "slot1-127-0-0-1", "lark-test/busybox:1", "/bin/sh", "job.
 def test_no_network_and_nat_become_none():
     drops = ["--cap-drop=NET_ADMIN", "--cap-drop=NET_RAW", "--cap-drop=SYS_ADMIN"]
     assert rewrite_create(HEAD + TAIL, set()) == [*HEAD, "--hostname", "slot1-127-0-0-1", *drops, "--network=none",
-                                                  *TAIL[2:]]
+                                                  "--runtime=lark", *TAIL[2:]]
     assert rewrite_create(HEAD + ["--network=none"] + TAIL, set()).count("--network=none") == 1
 
 
@@ -30,7 +30,8 @@ def test_unmanaged_networks_are_refused_unless_the_admin_allows_them(extra):
     with pytest.raises(Refused):
         rewrite_create(HEAD + extra + TAIL, set())
     if extra == ["--network", "mynet"]:
-        assert "--network=mynet" in rewrite_create(HEAD + extra + TAIL, {"mynet"})
+        allowed = rewrite_create(HEAD + extra + TAIL, {"mynet"})
+        assert "--network=mynet" in allowed and "--runtime=lark" not in allowed  # not Lark's network: runc's
 
 
 @pytest.mark.parametrize("extra", [["-p", "8080"], ["--publish=80:80"], ["-P"], ["-itP"], ["-p8080"]])
@@ -41,7 +42,8 @@ def test_port_publishing_is_refused(extra):
 
 def test_the_jobs_own_arguments_after_the_image_are_kept():
     out = rewrite_create(["--rm=true", "img", "-p", "--network", "host"], set())
-    assert out[-5:] == ["--network=none", "img", "-p", "--network", "host"] and out[0] == "--rm=true"
+    assert out[-6:] == ["--network=none", "--runtime=lark", "img", "-p", "--network", "host"]
+    assert out[0] == "--rm=true"
 
 
 def test_global_options_before_the_subcommand():
@@ -67,3 +69,17 @@ def test_network_capabilities_are_refused_and_always_dropped(cap):
 
 def test_a_short_option_with_its_value_attached_takes_no_next_word():
     assert rewrite_create(["-eA=1", "img", "cmd"], set())[-2:] == ["img", "cmd"]
+
+
+def test_a_dockerd_without_larks_runtime_gets_a_hold_reason_with_the_fix(tmp_path, capsys):
+    """The create refused by a dockerd that has no `lark` runtime: the reason says how to register it."""
+    from lark.job.docker_wrapper import create_through, unknown_runtime
+    said = "docker: Error response from daemon: unknown or invalid runtime name: lark\n"
+    fake = tmp_path / "docker"
+    fake.write_text(f"#!/bin/sh\nprintf '{said.strip()}\\n' >&2\nexit 125\n")
+    fake.chmod(0o755)
+    assert create_through([str(fake), "create", "--runtime=lark", "img"]) == 125
+    err = capsys.readouterr().err
+    assert err.startswith("Lark: ") and "--add-runtime lark=" in err and "daemon.json" in err, err
+    assert "unknown or invalid runtime name: lark" in err
+    assert unknown_runtime("Error response from daemon: No such image: x") is None

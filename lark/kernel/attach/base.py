@@ -11,6 +11,7 @@ from ...names import JobNames
 from ...plan import JobNetwork
 from .. import mtu
 from ..drift import Finding
+from ..firewall.base import ROUTED
 from ..ipam import LockPool, range_pool, range_pool6
 
 
@@ -18,6 +19,7 @@ class AttachMode(abc.ABC):
     name = "abstract"
     bridged = False        # True: the job is a station on a shared L2 network (needs its own MAC)
     counts_by_link = False  # True: traffic bypasses netfilter; the accountant reads the veth's counters
+    firewall_rules = ROUTED  # the host firewall's rule set for its jobs (lark/kernel/firewall/base.py)
 
     def __init__(self, cfg: Config):
         self.cfg = cfg

@@ -19,6 +19,7 @@ from ...plan import JobNetwork
 from .. import mtu
 from ..drift import Finding, drifted, present
 from ..firewall import same_ep
+from ..firewall.base import BRIDGED
 from ..links import take_over_uplink, wait_bridge_port_forwarding
 from .base import BridgedMode
 from .isolation import is_isolated, isolate_port, pinned_macs
@@ -28,6 +29,7 @@ log = logging.getLogger(__name__)
 
 class BridgeMode(BridgedMode):
     name = "bridge"
+    firewall_rules = BRIDGED
 
     @property
     def created_marker(self) -> str:

@@ -30,7 +30,7 @@ from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
 from .. import mtu
 from ..drift import Finding, drifted, present
-from ..firewall.base import run_tool
+from ..firewall.base import SWITCHED, run_tool
 from ..links import take_over_uplink
 from .base import BridgedMode
 from .ovsdb import Ovsdb
@@ -129,6 +129,7 @@ def uplink_guard_flows(uplink: str, dns_address: str) -> list[str]:
 class OvsMode(BridgedMode):
     name = "ovs_bridge"
     counts_by_link = True
+    firewall_rules = SWITCHED
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -20,6 +20,13 @@ class Counters:
     packets_out: int = 0
 
 
+# The rule sets a job's host firewall rules come in; its attach mode names one (AttachMode.firewall_rules), so the
+# drivers never ask which mode a job is in.
+ROUTED = "routed"      # routed through the host (NAT): the inet table's forward, DNAT and masquerade rules
+BRIDGED = "bridged"    # a port of a Linux bridge: the bridge-family table's per-port rules
+SWITCHED = "switched"  # switched by OVS outside netfilter: OpenFlow does the filtering; only the host guard's sets
+
+
 class Firewall(abc.ABC):
     name = "abstract"
 
@@ -39,8 +46,8 @@ class Firewall(abc.ABC):
         bridge exists); idempotent. Backends without bridge filtering refuse bridged jobs in add_job."""
 
     @abc.abstractmethod
-    def add_job(self, plan: JobNetwork, names: JobNames) -> None:
-        """Install the job's rules and counters atomically."""
+    def add_job(self, plan: JobNetwork, names: JobNames, rules: str) -> None:
+        """Install the job's rules and counters atomically; `rules` is its mode's rule set (ROUTED, ...)."""
 
     @abc.abstractmethod
     def remove_job(self, names: JobNames) -> Counters | None:
@@ -51,7 +58,7 @@ class Firewall(abc.ABC):
         """
 
     @abc.abstractmethod
-    def verify_job(self, plan: JobNetwork, names: JobNames) -> list[Finding]:
+    def verify_job(self, plan: JobNetwork, names: JobNames, rules: str) -> list[Finding]:
         """What add_job made for this job, read back from the kernel without changing it (`lark status --verify`)."""
 
     @abc.abstractmethod

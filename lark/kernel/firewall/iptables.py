@@ -15,7 +15,7 @@ from ...names import HOST_IF_PREFIX, KEY_PATTERN, JobNames
 from ...plan import JobNetwork
 from .. import forwarding
 from ..drift import Finding, drifted, present
-from .base import Counters, Firewall, dns_allowed, run_tool
+from .base import ROUTED, SWITCHED, Counters, Firewall, dns_allowed, run_tool
 
 log = logging.getLogger(__name__)
 WILD = HOST_IF_PREFIX + "+"
@@ -125,19 +125,19 @@ class IptablesFirewall(Firewall):
              f"LARK-{k}-DIN"),
         ]
 
-    def add_job(self, plan: JobNetwork, names: JobNames) -> None:
-        text = self.job_rules(plan, names)
+    def add_job(self, plan: JobNetwork, names: JobNames, rules: str) -> None:
+        text = self.job_rules(plan, names, rules)
         if text:
             self._restore(text, f"iptables rules of job {plan.job_id} ({names.host_if})")
 
-    def job_rules(self, plan: JobNetwork, names: JobNames) -> str:
+    def job_rules(self, plan: JobNetwork, names: JobNames, rules: str) -> str:
         """The iptables-restore text add_job applies for this job (empty: nothing): what verify_job reads back."""
-        if plan.network_type == "ovs_bridge":
+        if rules == SWITCHED:
             return ""  # switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py)
         if plan.ipv6:
             raise LarkError("IPv6 jobs need the nftables firewall backend", job=plan.job_id,
                             obj="firewall = iptables", fix="set LARK_FIREWALL = nftables")
-        if plan.network_type != "nat":
+        if rules != ROUTED:
             # Bridged frames need ebtables-style filtering; Lark does that with nftables' bridge family only.
             raise LarkError(f"{plan.network_type} mode needs the nftables firewall backend", job=plan.job_id,
                             obj="firewall = iptables", fix="set LARK_FIREWALL = nftables")
@@ -191,12 +191,12 @@ class IptablesFirewall(Firewall):
             "*nat", *dnat, *jumps["nat"], "COMMIT", ""])
         return text
 
-    def verify_job(self, plan: JobNetwork, names: JobNames) -> list[Finding]:
+    def verify_job(self, plan: JobNetwork, names: JobNames, rules: str) -> list[Finding]:
         """The chains of job_rules with as many rules as it gives them, and its jumps into them (`iptables -C`)."""
         want: dict[tuple[str, str], int] = {}
         jumps: list[tuple[str, str, list[str]]] = []
         table = ""
-        for line in self.job_rules(plan, names).splitlines():
+        for line in self.job_rules(plan, names, rules).splitlines():
             if line.startswith("*"):
                 table = line[1:]
             elif line.startswith(":"):

@@ -15,7 +15,7 @@ from ...plan import JobNetwork
 from .. import forwarding
 from ..drift import Finding
 from . import libnft, nftcounters, nftverify
-from .base import Counters, Firewall, dns_allowed
+from .base import BRIDGED, SWITCHED, Counters, Firewall, dns_allowed
 
 log = logging.getLogger(__name__)
 WILDCARD = HOST_IF_PREFIX + "*"
@@ -472,14 +472,14 @@ class NftablesFirewall(Firewall):
         return bool({"inet", "bridge"} & set(self._tables()))   # the netdev table (same_ep.py) is per job
 
     # -- per job --------------------------------------------------------------------------------------
-    def add_job(self, plan: JobNetwork, names: JobNames) -> None:
-        if plan.network_type == "ovs_bridge":
+    def add_job(self, plan: JobNetwork, names: JobNames, rules: str) -> None:
+        if rules == SWITCHED:
             # Switched by OVS, outside netfilter: its rules are OpenFlow (attach/ovs.py). The host guard only needs
             # its MAC, in before the job runs.
             self._apply(self._ovs_job(plan, names), f"nft sets {OVS_JOBS}, {OVS_DNS_JOBS} (host guard, DNS) entries "
                                                     f"of job {plan.job_id} ({names.host_if})")
             return
-        if plan.network_type == "bridge":
+        if rules == BRIDGED:
             what = f"nft bridge rules of job {plan.job_id} ({names.host_if})"
             if self._bridge_base_done:
                 try:
@@ -492,16 +492,16 @@ class NftablesFirewall(Firewall):
             return
         self._apply(self._nat_job(plan, names), f"nft rules of job {plan.job_id} ({names.host_if})")
 
-    def job_cmds(self, plan: JobNetwork, names: JobNames) -> list[dict]:
+    def job_cmds(self, plan: JobNetwork, names: JobNames, rules: str) -> list[dict]:
         """The commands add_job applies for this job (without the bridge table's base): what verify_job reads back."""
-        if plan.network_type == "ovs_bridge":
+        if rules == SWITCHED:
             return self._ovs_job(plan, names)
-        if plan.network_type == "bridge":
+        if rules == BRIDGED:
             return self._bridge_job(plan, names)
         return self._nat_job(plan, names)
 
-    def verify_job(self, plan: JobNetwork, names: JobNames) -> list[Finding]:
-        return nftverify.verify_cmds(self.job_cmds(plan, names))
+    def verify_job(self, plan: JobNetwork, names: JobNames, rules: str) -> list[Finding]:
+        return nftverify.verify_cmds(self.job_cmds(plan, names, rules))
 
     def _ovs_job(self, plan: JobNetwork, names: JobNames) -> list[dict]:
         elements = [self._ovs_job_element("add", names)]
