@@ -85,6 +85,7 @@ def _offline_gc(args) -> list[str]:
     """larkd is down: sweep here, holding its lock so it cannot start halfway through."""
     from .daemon.jobnet import JobNetworker
     from .daemon.records import FinishedStore, RecordStore
+    from .daemon.sandbox import SandboxLimiter
     from .daemon.server import hold_daemon_lock
     from .daemon.sweep import live_record_keys, sweep
     from .kernel.accounting import Accountant
@@ -96,7 +97,7 @@ def _offline_gc(args) -> list[str]:
         fw = make_firewall(cfg)
         net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
                            FinishedStore(os.path.join(cfg.state_dir, "finished"), cfg.finished_keep))
-        actions = sweep(net, live_record_keys(net), args.dry_run)
+        actions = sweep(net, live_record_keys(net), args.dry_run, sandbox=SandboxLimiter(cfg))
         if args.purge and not args.dry_run and not net.records.keys():
             fw.destroy_base()
             actions.append(f"base {fw.name} objects")

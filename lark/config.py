@@ -69,6 +69,10 @@ class Config:
     transfer_plugin_dir: str = "/usr/libexec/condor"
     # dockerd's API socket, where larkd asks a docker job's container name (docker_setup, from lark-oci-runtime)
     docker_host: str = "unix:///run/docker.sock"
+    # The sandbox transfer (starter <-> shadow) limited to the slot's Bandwidth, each way: larkd puts each starter
+    # in a cgroup v2 of its own and polices its sockets with nft (lark/daemon/sandbox.py, docs/admin.md).
+    sandbox_limit: bool = True
+    sandbox_cgroup: str = "lark.sandbox"  # the starters' cgroups go under <cgroup2 mount>/<this>
     # Prometheus metrics over HTTP at "host:port" (e.g. "127.0.0.1:9813"); "" = off. Keep it on a local or
     # management address: the figures name slots and running job ids.
     metrics_address: str = ""
@@ -200,6 +204,9 @@ class Config:
             raise bad("ad_source", f"unknown ad source {self.ad_source!r}", "use startd or files")
         if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,31}", self.nft_table):
             raise bad("nft_table", f"{self.nft_table!r} is not a safe table name", "letters, digits, _")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.sandbox_cgroup) or self.sandbox_cgroup in (".", ".."):
+            raise bad("sandbox_cgroup", f"{self.sandbox_cgroup!r} is not a cgroup name",
+                      "one directory name: letters, digits, _ . -")
         if not re.fullmatch(r"[A-Za-z0-9_.-]{1,40}", self.netns_prefix):
             raise bad("netns_prefix", f"{self.netns_prefix!r} is not a safe name prefix", "letters, digits, _.-")
         try:

@@ -260,17 +260,31 @@ def unwrapped_plugins(run: Runner) -> list[str]:
             if os.path.dirname(p) != wrapped_dir and os.path.basename(p) not in NO_NETWORK_PLUGINS]
 
 
+def sandbox_transfer(run: Runner) -> str:
+    """What LARK_SANDBOX_LIMIT does here: the sandbox (starter <-> shadow) limited to the slot's Bandwidth when it is
+    on (its default), lark-starter is the STARTER (it asks larkd) and cgroup v2 is mounted (lark/daemon/sandbox.py)."""
+    from .daemon.sandbox import cgroup2_mount
+    counted = "HTCondor counts it in BytesRecvd / BytesSent"
+    if not condor_true(condor_param(run, "LARK_SANDBOX_LIMIT") or "true"):
+        return f"sandbox transfer to and from the shadow not limited (LARK_SANDBOX_LIMIT = false; {counted})"
+    if os.path.basename(condor_param(run, "STARTER") or "") != STARTER_WRAPPER:
+        return f"sandbox transfer to and from the shadow not limited (STARTER is not {STARTER_WRAPPER}; {counted})"
+    if cgroup2_mount() is None:
+        return f"sandbox transfer to and from the shadow not limited (no cgroup v2 mount; {counted})"
+    return f"sandbox transfer to and from the shadow limited to the slot's Bandwidth (LARK_SANDBOX_LIMIT; {counted})"
+
+
 def file_transfer(run: Runner) -> Finding:
     """What of a job's data HTCondor moves outside the job's network (docs/design.md, "File transfer")."""
     url = (condor_param(run, "ENABLE_URL_TRANSFERS") or "true").lower() not in ("false", "0", "no")
-    gaps = ["sandbox transfer to and from the shadow (HTCondor counts it in BytesRecvd / BytesSent)"]
+    gaps = [sandbox_transfer(run)]
     unwrapped = unwrapped_plugins(run) if url else []
     if unwrapped:
         gaps.append(f"URL transfers by plugins not run in the job's network: {', '.join(unwrapped)}")
     return Finding("transfer", "; ".join(gaps), not unwrapped,
-                   "run by the starter in this machine's network namespace, not the job's: not limited to the "
-                   "job's Bandwidth, not in its Network* figures, not filtered (URL transfers by Lark's wrapped "
-                   "plugins run in the job's network); submitters' own plugins are refused at submit "
+                   "run by the starter in this machine's network namespace, not the job's: not in its Network* "
+                   "figures, not filtered, and limited to the job's Bandwidth only as this line says (URL transfers "
+                   "by Lark's wrapped plugins run in the job's network); submitters' own plugins are refused at submit "
                    "(55-lark-access-point.conf) and here (`plugins` line)",
                    "list only $(LARK_LIBEXEC)/transfer/NAME plugins (lark install-hook --transfer-plugins) and "
                    "data_plugin in FILETRANSFER_PLUGINS, as the shipped 50-lark.conf does, or ENABLE_URL_TRANSFERS "

@@ -62,7 +62,7 @@ def loads(data: bytes | str) -> object:
 
 # ssh_session and transfer_plugin answer twice on their connection (started, then the exit code): daemon/ssh_session.py.
 OPS = {"ping", "check", "setup", "release", "stats", "push", "status", "gc", "totals", "verify", "ssh_session",
-       "transfer_plugin", "docker_setup"}
+       "transfer_plugin", "docker_setup", "sandbox_limit"}
 
 
 def encode(msg: dict) -> bytes:

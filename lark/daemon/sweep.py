@@ -11,6 +11,7 @@ from ..statefiles import remove_stale_temps
 from . import peercred
 from .jobnet import JobNetworker
 from .resources import fw_job_keys
+from .sandbox import SandboxLimiter
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +50,14 @@ def sweep_temps(net: JobNetworker, dry_run: bool) -> list[str]:
 
 
 def sweep(net: JobNetworker, keep: set[str], dry_run: bool = False,
-          others: list[Firewall] | None = None) -> list[str]:
-    """Remove every orphan; one orphan that cannot be removed does not stop the others (it is reported)."""
+          others: list[Firewall] | None = None, sandbox: SandboxLimiter | None = None) -> list[str]:
+    """Remove every orphan; one orphan that cannot be removed does not stop the others (it is reported).
+    `sandbox`: also the sandbox limits (cgroup, policers) of starters that are gone (sandbox.py)."""
     others = other_firewalls(net.cfg) if others is None else others
     other_keys = {fw.name: fw_job_keys(fw) for fw in others}
     actions = sweep_temps(net, dry_run)
+    if sandbox is not None:
+        actions += sandbox.sweep(dry_run)
     for key, whats in sorted(find_orphans(net, keep, others).items()):
         action = f"{key}: " + ", ".join(whats)
         if not dry_run:
