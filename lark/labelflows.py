@@ -13,7 +13,8 @@ BLOCKED_VID when a drop policy selects it), the PCP its WAN action. The rule on 
 - a labelled job reaches the EP host (the bridge's own port) untagged, as the core lets a job reach hosts;
 - multicast and broadcast go up tagged and to the EP's jobs the same rule allows (one flow per VLAN in use, which
   lists them, so it is rewritten when a job of that VLAN comes or goes: `member_flows`);
-- down, a frame from the uplink tagged V reaches a job of VLAN V untagged; a blocked job gets nothing from it.
+- down, a frame from the uplink tagged V reaches a job of VLAN V untagged; a blocked job gets nothing from it, nor
+  NORMAL's flooding of untagged multicast and broadcast (its port is no-flood: port_mods).
 """
 from __future__ import annotations
 
@@ -89,6 +90,13 @@ def job_flows(job: EdgeJob, uplink: int | str, *, normal: bool = True) -> list[s
     if not normal:
         out.append(f"priority={P_PORT_DROP},in_port={job.port},actions=drop")
     return out
+
+
+def port_mods(job: EdgeJob, *, normal: bool = True) -> tuple[str, ...]:
+    """The `ovs-ofctl mod-port` settings of the job's port. On a switch with NORMAL, a blocked job's port is `no-flood`:
+    NORMAL floods untagged multicast and broadcast from the uplink (and from the host) to every port, and no flow can
+    take one port out of NORMAL's flooding; without NORMAL the flows above already leave a blocked job out."""
+    return ("no-flood",) if normal and job.blocked else ()
 
 
 def bridge_flows(uplink: int | str, host_mac: str | None, *, normal: bool = True) -> list[str]:

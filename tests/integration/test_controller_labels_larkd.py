@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 import pytest
-from helpers.frames import frame_arrives, job_addr
+from helpers.frames import RECV_PY, frame_arrives, job_addr
 from helpers.sdn import DROP_MALLORY, GW, SERVER_PY, WAN_SERVER, SdnPool, sh
 from helpers.waits import wait_for, wait_ready
 
@@ -155,3 +155,54 @@ def test_jobs_of_one_ep_reach_each_other_only_as_their_labels_allow(labelled_ep)
     left["ovs"] = [f for f in left.get("ovs", []) if f"cookie={own}," not in f]
     assert left == {k: [] for k in left}, left
     assert pool.api("GET", "/v1/status", cert="controller")[1]["totals"]["jobs"] == 0
+
+
+BROADCAST_PY = """import socket,sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+for _ in range(3):
+    s.sendto(b"site-broadcast", (sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def test_untagged_broadcast_from_the_uplink_reaches_no_blocked_job(labelled_ep):
+    """The WAN router (the untagged domain, behind the core) sends a subnet broadcast: NORMAL on the EP's bridge
+    floods it from the uplink to every port that floods. The allowed job gets it (the control); the dropped owner's
+    job does not (its port is no-flood, lark/labelflows.py port_mods). Before that it got it."""
+    host, pool = labelled_ep
+    jobs, got = {}, {}
+    for slot, owner, n in (("slot1", "mallory", 81), ("slot2", "alice", 80)):
+        ad = AD.format(n=n, owner=owner) + "\nInboundConnectivity = true"
+        p = host.spawn_job(slot, ["sleep", "120"], job_ad=ad)
+        jobs[owner] = (p, wait_ready(host, slot))
+    rx = {owner: subprocess.Popen(["ip", "netns", "exec", job["netns"], "python3", "-c", RECV_PY, "7300"],
+                                  stdout=subprocess.PIPE, text=True) for owner, (_, job) in jobs.items()}
+    try:
+        for r in rx.values():
+            assert r.stdout is not None and r.stdout.readline().strip() == "ready"
+        sh(["ip", "netns", "exec", pool.wan, "python3", "-c", BROADCAST_PY, "10.77.255.255", "7300"])
+        for owner, r in rx.items():
+            assert r.stdout is not None
+            got[owner] = r.stdout.readline().strip()
+    finally:
+        for r in rx.values():
+            r.kill()
+            r.wait()
+            if r.stdout is not None:
+                r.stdout.close()
+    assert got["alice"] == "site-broadcast", got
+    assert got["mallory"] == "nothing", "the site's broadcast reached the dropped owner's job"
+    # `lark status --verify` checks the label flows and the no-flood port; then both are undone by hand
+    cp = host.lark("status", "--verify", "--json", check=False)
+    st = json.loads(cp.stdout)
+    assert cp.returncode == 0 and st["drift"] == [], st
+    alice, mallory = jobs["alice"][1], jobs["mallory"][1]
+    br = f"unix:{host.ovs.dir}/lkovs0.mgmt"
+    sh(["ovs-ofctl", "del-flows", br, f"cookie={cookie_of(alice['key'])}/-1,table=1"])
+    sh(["ovs-ofctl", "mod-port", br, mallory["host_if"], "flood"])
+    cp = host.lark("status", "--verify", "--json", check=False)
+    rows = {r["object"].split(" (")[0]: r for r in json.loads(cp.stdout)["drift"]}
+    assert cp.returncode == 1 and set(rows) == {f"label flows of {alice['host_if']}",
+                                                f"OVS port {mallory['host_if']} no-flood"}, rows
+    for p, job in jobs.values():
+        host.end_job(p, job["netns"])
+    host.wait_clean()

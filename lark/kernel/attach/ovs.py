@@ -19,6 +19,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
+import re
 import threading
 import time
 
@@ -316,6 +317,8 @@ class OvsMode(BridgedMode):
                 self.ofctl_bundle([*self._bridge_label_lines(uplink),
                                    *(f"cookie={c},{f}" for f in labelflows.job_flows(job, uplink))],
                                   what=f"the label flows of job {plan.job_id} on OVS bridge {self.br}")
+                for setting in labelflows.port_mods(job):   # a blocked job: out of NORMAL's flooding
+                    self.ofctl("mod-port", str(port), setting)
             except LarkError:
                 members.clear()
                 members.update(before)
@@ -338,7 +341,48 @@ class OvsMode(BridgedMode):
         have = sum(1 for line in dump.splitlines() if "cookie=" in line and not is_label_flow(line))
         what_flows = f"OpenFlow rules of {names.host_if} (cookie {cookie_of(names.key)})"
         return [present(what), present(what_flows) if have == len(set(flows)) else
-                drifted(what_flows, f"{have} flow(s) where setup put {len(set(flows))}", fix)]
+                drifted(what_flows, f"{have} flow(s) where setup put {len(set(flows))}", fix),
+                *self._verify_label(plan, names, dump, fix)]
+
+    def _verify_label(self, plan: JobNetwork, names: JobNames, dump: str, fix: str) -> list[Finding]:
+        """A labelled job's label flows (its own, under its cookie), the bridge's label flows (LABEL_BRIDGE_COOKIE:
+        the bridge flows and the multicast flows of the labelled jobs larkd knows), and a blocked job's no-flood port,
+        against lark.labelflows. Which label: the one larkd applied (kept in memory), else the one its tagging flows
+        push (after a larkd restart; a job whose label flows are all gone then is not known to be labelled)."""
+        uplink = self.cfg.ovs_uplink
+        c = cookie_of(names.key)
+        mine = [line for line in dump.splitlines() if "cookie=" in line and is_label_flow(line)]
+        if not uplink:
+            return []
+        with self._label_lock:
+            known = self._label_members().get(int(c, 16))
+            bridge = self._bridge_label_lines(uplink)[1:]   # without its leading delete
+        if known is not None:
+            vid, pcp = known.vid, known.pcp
+        else:
+            pushed = re.search(r"(?:set_field:|mod_vlan_vid:)(\d+)(?:->vlan_vid)?,(?:set_field:|mod_vlan_pcp:)(\d)",
+                               dump)
+            if pushed is None:
+                return []   # not labelled (or its label flows are gone and larkd restarted since: not known)
+            vid, pcp = int(pushed.group(1)) & 0xFFF, int(pushed.group(2))
+        port = self.db.wait_ofport(names.host_if, plan.job_id)
+        job = labelflows.EdgeJob(names.job_mac, port, vid, pcp, label_up(plan, names.job_mac))
+        want = len(set(labelflows.job_flows(job, uplink)))
+        what = f"label flows of {names.host_if} (VLAN {vid}, PCP {pcp})"
+        out = [present(what) if len(mine) == want else
+               drifted(what, f"{len(mine)} flow(s) where the label put {want}: its frames may leave untagged or not at "
+                             "all", fix)]
+        have_bridge = sum(1 for line in self.ofctl("dump-flows", f"cookie={LABEL_BRIDGE_COOKIE}/-1").stdout.splitlines()
+                          if "cookie=" in line)
+        what = f"label flows of OVS bridge {self.br} (cookie {LABEL_BRIDGE_COOKIE})"
+        out.append(present(what) if have_bridge == len(set(bridge)) else
+                   drifted(what, f"{have_bridge} flow(s) where the labelled jobs need {len(set(bridge))}", fix))
+        for setting in labelflows.port_mods(job):
+            desc = self.ofctl("dump-ports-desc", str(port)).stdout
+            what = f"OVS port {names.host_if} {setting}"
+            out.append(present(what) if setting.replace("-", "_").upper() in desc else
+                       drifted(what, "a blocked job's port floods: the site's broadcasts reach the job", fix))
+        return out
 
     def detach(self, names: JobNames) -> bool:
         """Remove the job's port and flows; safe to repeat. True when OVSDB took the port's removal."""
