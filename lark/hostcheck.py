@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .config import Config
+from .errors import LarkError
 from .names import HOST_IF_PREFIX
 
 Runner = Callable[[list[str]], tuple[int, str]]
@@ -362,10 +363,32 @@ def process_identity(fallback: Callable[[], str] | None = None, kernel: str | No
                    "A pid reused between connect and accept is not caught (it takes a pid wrap-around)")
 
 
+def docker_runtime(run: Runner, cfg: Config) -> list[Finding]:
+    """Docker universe (DOCKER set): whether the dockerd larkd asks (LARK_DOCKER_HOST) has Lark's OCI runtime, which
+    builds a docker job's network (lark-oci-runtime; docs/admin.md "Container jobs")."""
+    if not condor_param(run, "DOCKER"):
+        return []
+    from .daemon.docker_setup import runtimes
+    fix = ("register it: \"runtimes\": {\"lark\": {\"path\": \"/opt/lark/bin/lark-oci-runtime\"}} in "
+           "/etc/docker/daemon.json (or dockerd --add-runtime lark=...), and restart dockerd")
+    try:
+        known = runtimes(cfg.docker_host)
+    except LarkError as e:
+        return [Finding("docker", f"dockerd at {cfg.docker_host} not reachable", False,
+                        f"docker jobs are refused (larkd cannot tell which job a container is: {e.what})",
+                        "set LARK_DOCKER_HOST to the dockerd that DOCKER uses, and start it")]
+    if "lark" not in known:
+        return [Finding("docker", f"dockerd has no 'lark' runtime ({', '.join(sorted(known)) or 'none'})", False,
+                        "docker jobs are held (lark-docker creates them with --runtime=lark)", fix)]
+    path = known["lark"].get("path", "?") if isinstance(known["lark"], dict) else "?"
+    return [Finding("docker", f"dockerd runtime lark = {path}", True,
+                    "docker jobs get their Lark network before they start")]
+
+
 def check(cfg: Config, run: Runner = run_cmd) -> list[Finding]:
     return [htcondor(run), python(), *firewalls(run, cfg), resolver(cfg), *dhcpv6_client(cfg), prepare_job_start(run),
             net_namespaces(), pid_namespaces(run), job_exit_hook(run), file_transfer(run), own_plugins(run),
-            bandwidth_capacity(cfg),
+            bandwidth_capacity(cfg), *docker_runtime(run, cfg),
             process_identity()]
 
 

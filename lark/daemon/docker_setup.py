@@ -20,6 +20,7 @@ import re
 import socket
 import urllib.parse
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import LarkError
 from . import peercred
@@ -74,30 +75,46 @@ def docker_socket(docker_host: str) -> str:
     return docker_host.removeprefix("unix://")
 
 
+def api_get(docker_host: str, url: str, about: str, timeout: float = DOCKER_API_TIMEOUT) -> Any:
+    """GET `url` from dockerd's API, its JSON answer; LarkError naming the socket and the fix."""
+    path = docker_socket(docker_host)
+    conn = _UnixHTTPConnection(path, timeout)
+    try:
+        conn.request("GET", url)
+        resp = conn.getresponse()
+        body = resp.read()
+    except OSError as e:
+        raise LarkError(f"cannot ask dockerd about {about}: {e}", obj=path,
+                        fix="set LARK_DOCKER_HOST to the socket of the dockerd that runs HTCondor's docker "
+                            "jobs") from None
+    finally:
+        conn.close()
+    if resp.status != 200:
+        raise LarkError(f"dockerd answered {resp.status} about {about}", obj=path, fix="check dockerd's log")
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise LarkError(f"dockerd's answer about {about} is not JSON", obj=path, fix="check dockerd's log") from None
+
+
+def runtimes(docker_host: str) -> dict[str, Any]:
+    """The OCI runtimes dockerd knows (GET /info, "Runtimes"): name -> {"path": ...}."""
+    info = api_get(docker_host, "/info", "its runtimes")
+    found = info.get("Runtimes") if isinstance(info, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
 def container_name(docker_host: str, cid: str, timeout: float = DOCKER_API_TIMEOUT) -> str:
     """The container's name as dockerd knows it. From its container list filtered by the id (GET /containers/json),
     not from inspect (GET /containers/<id>/json): dockerd holds the container's lock for the whole `start`, whose
     runtime is the one asking, so an inspect would wait for its own caller (seen: timed out); the list reads
     dockerd's in-memory view without that lock."""
     path = docker_socket(docker_host)
-    conn = _UnixHTTPConnection(path, timeout)
     query = urllib.parse.urlencode({"all": "1", "filters": json.dumps({"id": [cid]})})
+    listed = api_get(docker_host, f"/containers/json?{query}", f"container {cid[:12]}", timeout)
     try:
-        conn.request("GET", f"/containers/json?{query}")
-        resp = conn.getresponse()
-        body = resp.read()
-    except OSError as e:
-        raise LarkError(f"cannot ask dockerd about container {cid[:12]}: {e}", obj=path,
-                        fix="set LARK_DOCKER_HOST to the socket of the dockerd that runs HTCondor's docker "
-                            "jobs") from None
-    finally:
-        conn.close()
-    if resp.status != 200:
-        raise LarkError(f"dockerd answered {resp.status} about container {cid[:12]}", obj=path,
-                        fix="check dockerd's log")
-    try:
-        found = [c for c in json.loads(body) if c.get("Id") == cid]   # the filter matches id prefixes too
-    except (ValueError, TypeError, AttributeError):
+        found = [c for c in listed if c.get("Id") == cid]   # the filter matches id prefixes too
+    except (TypeError, AttributeError):
         raise LarkError(f"dockerd's answer about container {cid[:12]} is not a container list", obj=path) from None
     if not found:
         raise LarkError(f"dockerd knows no container {cid[:12]}", obj=path,

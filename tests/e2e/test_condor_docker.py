@@ -13,8 +13,10 @@ import time
 
 import pytest
 from condor import as_root, assert_ran_once, history, job, out_of, submit, testbed, wait_queue
+
 # an EP config file written (or removed), then condor_reconfig; larkd's jobs, links, nft and netns names all gone
 from test_condor_apptainer import assert_nothing_left, reconfigure
+from test_condor_security import kill_larkd_once_running  # kill -9 larkd a few seconds into the running job
 
 pytestmark = pytest.mark.e2e
 IMAGE = "lark-test/busybox:2"  # :2 has sed
@@ -125,3 +127,41 @@ def test_docker_job_asking_for_the_host_network_is_held_with_the_reason(docker_e
     st = as_root(["lark", "status", "--json"])
     assert st.returncode == 0, st.stderr
     assert not [j for j in json.loads(st.stdout) if j["job_id"].startswith(f"{c}.")], st.stdout  # never networked
+
+
+def test_docker_job_under_no_network_policy_sees_only_lo(docker_ep):
+    """The policy decides a docker job's mode as a vanilla job's: no network, and the container has only `lo`."""
+    expr = (testbed.REPO / "policies/network_type_by_connectivity.ad").read_text().strip().splitlines()[-1]
+    reconfigure("95-policy.conf", f"{expr}\n")
+    try:
+        c = docker_job("dk-none", IFACES + f"wget -q -T 5 -O - http://{testbed.WORLD_IP}:8000/10M.bin | wc -c\n",
+                       extra="+InboundConnectivity = false\n+OutboundConnectivity = false\n")
+        assert history(c, ["LarkNetworkType", "ExitCode"], timeout=180) == ["none", "0"]
+    finally:
+        reconfigure("95-policy.conf", None)
+    assert out_of("dk-none", fname="ifaces.txt").split() == ["lo"]
+    assert out_of("dk-none") == "0"  # nothing came through
+    assert_nothing_left()
+
+
+def test_docker_job_outlives_a_killed_larkd_and_leaves_nothing(docker_ep):
+    """larkd killed -9 three seconds into a docker job's 20 s download: condor_master restarts it, it adopts the
+    job from its record (the starter still runs), tears it down when the starter exits; the history has every
+    byte (the exit barrier after `docker start -a` waits for larkd), and nothing is left, not even for gc."""
+    c = docker_job("dk-kill", DOWNLOAD.format(world=testbed.WORLD_IP), extra=f"request_bandwidth = {MBIT}\n")
+    killed_at = kill_larkd_once_running(c)
+    deadline = time.time() + 40
+    while (st := as_root(["lark", "status", "--json"])).returncode != 0:
+        assert time.time() < deadline, "larkd did not come back"
+        time.sleep(0.5)
+    back_at = time.time()
+    assert [j["phase"] for j in json.loads(st.stdout) if j["job_id"] == f"{c}.0"] == ["ready"], st.stdout
+    inbytes, code = history(c, ["NetworkIncomingBytes", "ExitCode"], timeout=180)
+    n, a, b = out_of("dk-kill").split()
+    assert (int(n), code) == (SIZE, "0")
+    assert back_at - killed_at < float(b) - float(a), "the download was shorter than larkd's absence: proves nothing"
+    assert SIZE <= int(inbytes) <= SIZE * 1.01, inbytes
+    print(f"docker job across larkd's kill -9: back after {back_at - killed_at:.1f} s; history NetworkIncomingBytes "
+          f"{inbytes}")
+    assert_nothing_left()
+    assert containers() == [], "the job's container was left behind"

@@ -17,6 +17,7 @@ from lark.daemon import docker_setup, peercred
 from lark.errors import LarkError
 
 CID = "a" * 64
+RUNTIMES: dict[str, dict] = {}   # what the fake dockerd reports besides runc (GET /info)
 ROOT = peercred.Peer(pid=os.getpid(), uid=0, gid=0)
 
 
@@ -32,11 +33,14 @@ def dockerd(tmp_path):
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             url = urllib.parse.urlsplit(self.path)
-            assert url.path == "/containers/json"   # not inspect: dockerd locks the container while it starts
-            wanted = json.loads(urllib.parse.parse_qs(url.query)["filters"][0])["id"][0]
-            # dockerd's filter matches prefixes: a longer id sharing the prefix is listed too
-            body = json.dumps([{"Id": cid, "Names": [name]} for cid, name in containers.items()
-                               if cid.startswith(wanted) or wanted.startswith(cid[:12])]).encode()
+            if url.path == "/info":
+                body = json.dumps({"Runtimes": {"runc": {"path": "runc"}, **RUNTIMES}}).encode()
+            else:
+                assert url.path == "/containers/json"   # not inspect: dockerd locks the container while it starts
+                wanted = json.loads(urllib.parse.parse_qs(url.query)["filters"][0])["id"][0]
+                # dockerd's filter matches prefixes: a longer id sharing the prefix is listed too
+                body = json.dumps([{"Id": cid, "Names": [name]} for cid, name in containers.items()
+                                   if cid.startswith(wanted) or wanted.startswith(cid[:12])]).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -157,3 +161,22 @@ def test_the_job_ad_must_be_the_named_job():
     docker_setup.check_job_ad("12.3", job)
     with pytest.raises(LarkError, match="says job 12.3, but the slot's starter runs job 12.4"):
         docker_setup.check_job_ad("12.4", job)
+
+
+@pytest.mark.parametrize("registered", [True, False])
+def test_doctor_says_whether_dockerd_has_larks_runtime(dockerd, monkeypatch, registered):
+    from lark import hostcheck
+    from lark.config import Config
+    host, _ = dockerd
+    if registered:
+        monkeypatch.setitem(RUNTIMES, "lark", {"path": "/opt/lark/bin/lark-oci-runtime"})
+    run = lambda argv: (0, "/usr/local/libexec/lark-docker\n") if argv[-1] == "DOCKER" else (1, "")  # noqa: E731
+    [found] = hostcheck.docker_runtime(run, Config(docker_host=host))
+    assert found.ok is registered, found
+    if registered:
+        assert found.found == "dockerd runtime lark = /opt/lark/bin/lark-oci-runtime"
+    else:
+        assert "no 'lark' runtime (runc)" in found.found and "daemon.json" in found.fix
+    [away] = hostcheck.docker_runtime(run, Config(docker_host="unix:///nonexistent/docker.sock"))
+    assert not away.ok and "LARK_DOCKER_HOST" in away.fix
+    assert hostcheck.docker_runtime(lambda argv: (1, ""), Config(docker_host=host)) == []  # no DOCKER: no line
