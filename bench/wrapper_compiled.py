@@ -15,19 +15,29 @@ first), so that the other helpers' load on this shared machine falls on both ali
 starter and its job (os.wait4's rusage: the wrapper, the two stamps and env; the starter is the same for both),
 and larkd's CPU per sequential job (/proc, clock ticks summed over the jobs of each kind).
 
+The exit barrier (the path every job takes on a pool, where larkd announces one): the fake execution point has no
+schedd, so its larkd announces none; this part runs each wrapper against a stand-in larkd on a Unix socket (a
+thread of this process, the same for both) that announces exit_barrier 60 and answers the push at once, so it
+measures the wrapper's own share: BENCH_BARRIER_N jobs each (default 50; --quick 10), alternated, the job's program
+a stamp. Figures: wrapper exec -> program (setup), program -> wrapper's exit seen here (the barrier: fork, wait,
+push, exit), and the job side's CPU (wrapper and stamps, os.wait4).
+
 Prints a table, the load average before and after, then one line:
 py_p50_ms=<> py_p99_ms=<> c_p50_ms=<> c_p99_ms=<> saved_p50_ms=<> py_c16_p99_ms=<> c_c16_p99_ms=<>
-py_cpu_ms=<> c_cpu_ms=<> larkd_cpu_ms=<> load1=<> fallbacks=<n>
+py_cpu_ms=<> c_cpu_ms=<> larkd_cpu_ms=<> py_barrier_p50_ms=<> c_barrier_p50_ms=<> py_barrier_cpu_ms=<>
+c_barrier_cpu_ms=<> load1=<> fallbacks=<n>
 """
 from __future__ import annotations
 
 import os
 import shutil
+import socketserver
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -39,6 +49,7 @@ QUICK = "--quick" in sys.argv[1:]
 N_SEQ = int(os.environ.get("BENCH_N", "10" if QUICK else "50"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "2"))
 BATCH = 16
+N_BARRIER = int(os.environ.get("BENCH_BARRIER_N", "10" if QUICK else "50"))
 SOURCE = REPO / "lark" / "job" / "launcher" / "job_wrapper.c"
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 
@@ -107,6 +118,55 @@ def counted_fallback(dest: Path, launcher: Path) -> Path:
     return out
 
 
+def stand_in_larkd(path: Path) -> socketserver.UnixStreamServer:
+    """Answers setup with an exit barrier of 60 s and a push with pushed=True, one connection at a time."""
+    from lark import protocol
+    answers = {"setup": protocol.ok(plan={}, env={"LARK_NETWORK_TYPE": "nat"}, exit_barrier=60.0),
+               "push": protocol.ok(pushed=True)}
+
+    class Answer(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            msg = protocol.parse_request(self.rfile.readline())
+            self.wfile.write(answers[str(msg["op"])])
+
+    srv = socketserver.UnixStreamServer(str(path), Answer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def barrier_runs(tmp: Path, stamp: Path, wrappers: dict[str, Path]) -> dict[str, dict[str, list[float]]]:
+    """Per wrapper: "setup" and "barrier" ms (see the module's doc), "cpu" ms, "failures" (as a one-item list)."""
+    sock = tmp / "stand-in.sock"
+    srv = stand_in_larkd(sock)
+    got: dict[str, dict[str, list[float]]] = {k: {"setup": [], "barrier": [], "cpu": [], "failures": [0]}
+                                              for k in wrappers}
+    env = {"PATH": os.environ["PATH"], "LARK_SOCKET": str(sock), "PYTHONPATH": str(REPO)}
+    try:
+        for i in range(N_BARRIER + 1):  # the first pair warms up
+            for kind in (list(wrappers) if i % 2 == 0 else list(reversed(wrappers))):
+                with tempfile.TemporaryFile(mode="w+") as out:
+                    p = subprocess.Popen([str(stamp), str(wrappers[kind]), str(stamp)], env=env, stdout=out,
+                                         stderr=subprocess.STDOUT)
+                    _, status, ru = os.wait4(p.pid, 0)
+                    t_exit = time.time_ns()
+                    p.returncode = os.waitstatus_to_exitcode(status)
+                    out.seek(0)
+                    text = out.read()
+                st = stamps(text)
+                if p.returncode != 0 or len(st) != 2:
+                    got[kind]["failures"][0] += 1
+                    sys.stderr.write(f"barrier job through {wrappers[kind].name} failed ({p.returncode}): "
+                                     f"{text.strip()[-300:]}\n")
+                elif i:
+                    got[kind]["setup"].append((st[1] - st[0]) / 1e6)
+                    got[kind]["barrier"].append((t_exit - st[1]) / 1e6)
+                    got[kind]["cpu"].append((ru.ru_utime + ru.ru_stime) * 1000)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    return got
+
+
 def main() -> int:
     if os.geteuid() != 0:
         raise SystemExit("wrapper_compiled: run as root (it makes network namespaces)")
@@ -124,6 +184,8 @@ def main() -> int:
     larkd_ticks = {k: 0 for k in wrappers}
     fails = {k: 0 for k in wrappers}
     inside: dict[str, list[float]] = {}
+    bar: dict[str, dict[str, list[float]]] = {k: {"setup": [], "barrier": [], "cpu": [], "failures": [0]}
+                                              for k in wrappers}
     fallbacks = 0
     leaked: dict = {}
     try:
@@ -149,6 +211,9 @@ def main() -> int:
                 conc[kind]["setup"] += got["setup"]
                 conc[kind]["cpu"] += got["cpu"]
                 fails[kind] += got["failures"]
+        bar = barrier_runs(tmp, stamp, wrappers)
+        for kind in wrappers:
+            fails[kind] += int(bar[kind]["failures"][0])
         fallbacks = len(list((tmp / "fallbacks").iterdir()))
         leaked = {k: v for k, v in host.wait_clean(timeout=30).items() if v}
     finally:
@@ -165,6 +230,11 @@ def main() -> int:
         rows.append((f"{kind}: job-side CPU ms (starter+job), sequential", len(seq[kind]["cpu"]), 0,
                      seq[kind]["cpu"]))
         rows.append((f"{kind}: job-side CPU ms, {BATCH} at once", len(conc[kind]["cpu"]), 0, conc[kind]["cpu"]))
+    for kind in wrappers:
+        rows.append((f"{kind}: barrier: wrapper exec -> job", len(bar[kind]["setup"]), int(bar[kind]["failures"][0]),
+                     bar[kind]["setup"]))
+        rows.append((f"{kind}: barrier: job -> wrapper's exit", len(bar[kind]["barrier"]), 0, bar[kind]["barrier"]))
+        rows.append((f"{kind}: barrier: job-side CPU ms", len(bar[kind]["cpu"]), 0, bar[kind]["cpu"]))
     print(f"{'measurement (alternated, one larkd)':<52} {'n':>4} {'fail':>4} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'max ms':>8}")
     for name, n, nfail, xs in rows:
@@ -186,6 +256,9 @@ def main() -> int:
           f"saved_p50_ms={med(py) - med(c):.1f} py_c16_p99_ms={pct(conc['python']['setup'], 99):.1f} "
           f"c_c16_p99_ms={pct(conc['compiled']['setup'], 99):.1f} py_cpu_ms={med(seq['python']['cpu']):.1f} "
           f"c_cpu_ms={med(seq['compiled']['cpu']):.1f} larkd_cpu_ms={statistics.mean(larkd_cpu.values()):.1f} "
+          f"py_barrier_p50_ms={med(bar['python']['barrier']):.1f} "
+          f"c_barrier_p50_ms={med(bar['compiled']['barrier']):.1f} "
+          f"py_barrier_cpu_ms={med(bar['python']['cpu']):.1f} c_barrier_cpu_ms={med(bar['compiled']['cpu']):.1f} "
           f"load1={(load_before[0] + load_after[0]) / 2:.2f} fallbacks={fallbacks}")
     return 0 if not any(fails.values()) and fallbacks == 0 else 1
 

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -55,8 +56,11 @@ class FakeLarkd:
     """Records each request line as bytes; answers with `answer` (bytes), or keeps the connection open unanswered
     when it is None. A `push` gets ok."""
 
-    def __init__(self, path: Path, answer: bytes | None):
-        self.path, self.answer = path, answer
+    def __init__(self, path: Path, answer: bytes | None, marker: Path | None = None,
+                 push_answers: list[bytes] | None = None):
+        self.path, self.answer, self.marker = path, answer, marker
+        self.push_answers = list(push_answers or [])  # answered in turn to the pushes, then ok(pushed=True)
+        self.pushed_after_job: list[bool] = []  # per push: whether the job's marker file existed
         self.requests: list[bytes] = []
         self.open: list[socket.socket] = []
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -73,7 +77,8 @@ class FakeLarkd:
             line = conn.makefile("rb").readline()
             self.requests.append(line)
             if protocol.loads(line).get("op") == "push":
-                conn.sendall(protocol.ok(pushed=True))
+                self.pushed_after_job.append(bool(self.marker and self.marker.exists()))
+                conn.sendall(self.push_answers.pop(0) if self.push_answers else protocol.ok(pushed=True))
             elif self.answer is None:
                 self.open.append(conn)
                 continue
@@ -95,8 +100,8 @@ class FakeLarkd:
 def larkd(tmp_path):
     fakes: list[FakeLarkd] = []
 
-    def make(answer: bytes | None) -> FakeLarkd:
-        fakes.append(FakeLarkd(tmp_path / "lark.sock", answer))
+    def make(answer: bytes | None, **kw) -> FakeLarkd:
+        fakes.append(FakeLarkd(tmp_path / "lark.sock", answer, **kw))
         return fakes[-1]
     yield make
     for f in fakes:
@@ -171,13 +176,11 @@ def test_escapes_decode_like_python(tmp_path, larkd, builds):
     assert cp.stdout.strip() == ascii(value), cp.stderr
 
 
-@pytest.mark.parametrize("case", ["barrier", "barrier_true", "busy", "no_socket", "closed", "garbage", "array",
+@pytest.mark.parametrize("case", ["busy", "no_socket", "closed", "garbage", "array",
                                   "env_not_str", "env_key_eq", "env_nul", "nan_barrier", "ok_number", "non_ascii",
                                   "sshd", "flag", "toml", "timeout_env"])
 def test_every_other_case_goes_to_the_python_wrapper(tmp_path, larkd, builds, case):
     answers = {
-        "barrier": protocol.ok(plan={}, env={}, exit_barrier=20.0),
-        "barrier_true": protocol.ok(plan={}, env={}, exit_barrier=True),
         "busy": protocol.error("too many connections", busy=True),
         "closed": b"",
         "garbage": b"{\"lark\":1,\"ok\":tru}\n",
@@ -282,9 +285,177 @@ def test_a_held_job_waits_to_be_vacated(tmp_path, larkd, builds):
     assert "larkd: no address left" in err
 
 
-def test_a_barrier_runs_the_real_python_wrapper_which_asks_again_and_pushes_at_the_end(tmp_path, larkd, builds):
+# -- the exit barrier: what lark/job/wrapper.py does (tests/unit/test_wrapper_barrier.py), compared with it ------
+
+BARRIER = protocol.ok(plan={}, env={"LARK_NETWORK_TYPE": "nat"}, exit_barrier=5.0)
+PUSH = protocol.request("push", barrier=True)
+
+
+def start(prog: Path, tmp_path: Path, *job: str, env: dict | None = None) -> subprocess.Popen:
+    base = {"PATH": os.environ["PATH"], "LARK_SOCKET": str(tmp_path / "lark.sock"),
+            "STUB_RECORD": str(tmp_path / "stub-record")}
+    return subprocess.Popen([str(prog), *job], env={**base, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_the_push_comes_after_the_program_ended_and_the_wrapper_ends_with_its_code(tmp_path, larkd, builds):
+    fake = larkd(BARRIER, marker=tmp_path / "done")
+    cp = run(builds["stub"], tmp_path, "sh", "-c", f'echo "$LARK_NETWORK_TYPE $$"; sleep 0.3; touch {tmp_path}/done; '
+             "exit 7")
+    assert not fell_back(tmp_path, cp, []), "the barrier went to the Python wrapper"
+    assert cp.returncode == 7, cp.stderr
+    assert fake.requests == [protocol.request("setup"), PUSH], "not the Python wrapper's bytes"
+    assert fake.pushed_after_job == [True], "the barrier's push came before the job's program had ended"
+    net, _ = cp.stdout.split()
+    assert net == "nat" and cp.stderr == ""
+
+
+def test_barrier_true_is_a_barrier_as_in_python(tmp_path, larkd, builds):
+    fake = larkd(protocol.ok(plan={}, env={}, exit_barrier=True), marker=tmp_path / "done")
+    cp = run(builds["stub"], tmp_path, "sh", "-c", f"touch {tmp_path}/done")
+    assert not fell_back(tmp_path, cp, []) and cp.returncode == 0, cp.stderr
+    assert fake.ops() == ["setup", "push"] and fake.pushed_after_job == [True]
+
+
+def wait_for(path: Path, p: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 20
+    while not path.exists():
+        assert time.monotonic() < deadline and p.poll() is None, p.communicate()
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGUSR2, signal.SIGHUP])
+def test_the_starters_signal_reaches_the_program(tmp_path, larkd, builds, sig):
+    fake = larkd(BARRIER, marker=tmp_path / "done")
+    ready = tmp_path / "ready"
+    p = start(builds["stub"], tmp_path, "sh", "-c", f'trap "touch {tmp_path}/done; exit 42" {sig.name[3:]}; '
+              f"touch {ready}; while :; do sleep 0.05; done")
+    wait_for(ready, p)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 42, err
+    assert fake.pushed_after_job == [True]
+
+
+def test_a_signal_before_the_program_runs_reaches_it(tmp_path, larkd, builds):
+    """The starter's signal while the wrapper forks waits and is passed on (the Python wrapper's `pending`)."""
+    larkd(BARRIER)
+    p = start(builds["stub"], tmp_path, "sleep", "30")
+    time.sleep(0.05)
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGSEGV, signal.SIGKILL])
+def test_a_program_killed_by_a_signal_makes_the_wrapper_end_by_the_same_signal(tmp_path, larkd, builds, sig):
+    fake = larkd(BARRIER, marker=tmp_path / "done")
+    p = start(builds["stub"], tmp_path, "sh", "-c", f"touch {tmp_path}/done; ulimit -c 0; kill -{sig.name[3:]} $$")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == -sig, err
+    assert fake.pushed_after_job == [True]
+    assert not list(tmp_path.glob("core*"))
+
+
+def test_the_programs_signal_state_is_the_python_wrappers(tmp_path, larkd, builds):
+    """Ignored, blocked, caught: the program starts as under the Python wrapper (SIGPIPE, SIGXFSZ default)."""
+    larkd(BARRIER)
+    got = []
+    for prog in (builds["stub"], builds["python"]):
+        p = start(prog, tmp_path, "grep", "^Sig[IBC]", "/proc/self/status")
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0, err
+        got.append(out)
+    assert got[0] == got[1]
+    ignored = int(got[0].split("SigIgn:")[1].split()[0], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1)) and not ignored & (1 << (signal.SIGXFSZ - 1)), got[0]
+
+
+def test_a_program_that_cannot_be_executed_fails_like_python_and_no_push(tmp_path, larkd, builds):
+    fake = larkd(BARRIER)
+    fast, python = same_as_python(tmp_path, builds, [str(tmp_path / "no-such-program")])
+    assert fast == python
+    assert fast[0] == 111 and "cannot execute" in fast[1] and "No such file" in fast[1]
+    assert fake.ops() == ["setup", "setup"], "a push for a job that never ran"
+
+
+def test_the_barrier_waits_for_a_restarting_larkd(tmp_path, larkd, builds):
+    fake = larkd(BARRIER, marker=tmp_path / "done")
+    p = start(builds["stub"], tmp_path, "sh", "-c", f"sleep 0.5; touch {tmp_path}/done")
+    time.sleep(0.3)
+    fake.stop()
+    wait_for(tmp_path / "done", p)
+    time.sleep(1.5)
+    assert p.poll() is None, "the wrapper left without waiting for larkd"
+    back = larkd(BARRIER, marker=tmp_path / "done")
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0, err
+    assert back.ops() == ["push"] and back.pushed_after_job == [True] and err == ""
+
+
+def test_a_busy_larkd_is_asked_again(tmp_path, larkd, builds):
+    fake = larkd(BARRIER, push_answers=[protocol.error("too many connections", busy=True)] * 2)
+    cp = run(builds["stub"], tmp_path, "true")
+    assert cp.returncode == 0 and cp.stderr == ""
+    assert fake.ops() == ["setup", "push", "push", "push"]
+
+
+@pytest.mark.parametrize("answer", [
+    protocol.ok(pushed=False, reason="no schedd push for this job (ad_source or push interval)"),
+    protocol.ok(pushed=True, reason="not said when pushed"),
+    protocol.error("job 3.0: pin lost"),
+    protocol.error("too many connections", busy=True),
+    b"{\"lark\":1,\"ok\":false}\n",
+    b"not json\n",
+])
+def test_what_the_push_answers_is_said_as_python_says_it(tmp_path, builds, answer):
+    """Both wrappers against the same larkd: the same exit code and the same lines (barrier 0.5 s for busy)."""
+    got = []
+    for prog in (builds["stub"], builds["python"]):
+        fake = FakeLarkd(tmp_path / "lark.sock", protocol.ok(plan={}, env={}, exit_barrier=0.5),
+                         push_answers=[answer] * 20)
+        try:
+            cp = run(prog, tmp_path, "sh", "-c", "exit 4")
+        finally:
+            fake.stop()
+        assert not (tmp_path / "stub-record").exists()
+        got.append((cp.returncode, cp.stderr))
+    assert got[0] == got[1]
+    assert got[0][0] == 4
+    assert (got[0][1] == "") == (b"not said" in answer)
+
+
+def test_past_the_bound_the_job_ends_with_its_code_and_says_why_as_python(tmp_path, larkd, builds):
+    got = []
+    for prog in (builds["stub"], builds["python"]):
+        fake = larkd(protocol.ok(plan={}, env={}, exit_barrier=1.0))
+        p = start(prog, tmp_path, "sh", "-c", "sleep 0.5; exit 3")
+        time.sleep(0.2)
+        fake.stop()
+        _, err = p.communicate(timeout=30)
+        got.append((p.returncode, err))
+    assert got[0] == got[1]
+    assert got[0][0] == 3 and "final network figures were not written" in got[0][1]
+    assert "larkd is not running" in got[0][1]
+
+
+def test_a_signal_during_the_barrier_has_its_default_effect(tmp_path, larkd, builds):
+    """After the program ended, condor_rm's SIGTERM is for the wrapper itself (Forwarder.stop)."""
+    fake = larkd(BARRIER, marker=tmp_path / "done")
+    p = start(builds["stub"], tmp_path, "sh", "-c", f"sleep 0.3; touch {tmp_path}/done")
+    time.sleep(0.1)
+    fake.stop()  # the barrier waits for larkd
+    wait_for(tmp_path / "done", p)
+    time.sleep(0.5)
+    assert p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=30)
+    assert p.returncode == -signal.SIGTERM
+
+
+def test_a_barrier_with_the_real_python_fallback_stays_in_c(tmp_path, larkd, builds):
     fake = larkd(protocol.ok(plan={}, env={"LARK_NETWORK_TYPE": "nat"}, exit_barrier=5.0))
     cp = run(builds["real"], tmp_path, "sh", "-c", 'echo "$LARK_NETWORK_TYPE"; exit 3')
     assert cp.returncode == 3, cp.stderr
     assert cp.stdout == "nat\n"
-    assert fake.ops() == ["setup", "setup", "push"], fake.requests
+    assert fake.ops() == ["setup", "push"], fake.requests

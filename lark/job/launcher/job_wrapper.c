@@ -1,25 +1,33 @@
-/* lark-job-wrapper-fast: the common path of lark-job-wrapper (lark/job/wrapper.py) without an interpreter start.
- *
- * PROTOTYPE (issue 27, "the job-side programs as small compiled programs"): measured by bench/wrapper_compiled.py,
- * not what HTCondor runs by default (docs/performance.md, "A compiled wrapper").
+/* lark-job-wrapper, compiled: lark/job/wrapper.py's paths without an interpreter start per job (issue 27, "the
+ * job-side programs as small compiled programs"). `lark install-hook` builds it into $(LARK_LIBEXEC)/lark-job-wrapper
+ * (lark/hook_launcher.py); condor_config.d/50-lark.conf chooses it or the Python wrapper for USER_JOB_WRAPPER;
+ * measured by bench/wrapper_compiled.py (docs/performance.md, "A compiled wrapper").
  *
  * What it does itself, with the same bytes on larkd's socket as lark/job/client.py:
  *   connect to $LARK_SOCKET (else /run/lark/lark.sock when no lark.toml could move it), send
  *   {"lark":1,"op":"setup"}\n, read one answer line;
- *   - {"ok":true, "env":{...}} with no exit barrier (exit_barrier absent, not a number, or <= 0): put env into the
- *     environment (and LC_CTYPE where the wrapper's interpreter would have coerced a C locale), restore
- *     SIGPIPE/SIGXFSZ to their defaults and exec the job's program, searching PATH the way Python's os.execvp
- *     does (no /bin/sh for a file without #!, ":/bin:/usr/bin" without PATH);
+ *   - {"ok":true, "env":{...}}: put env into the environment (and LC_CTYPE where the wrapper's interpreter would
+ *     have coerced a C locale); then
+ *     - no exit barrier (exit_barrier absent, not a number, or <= 0): restore SIGPIPE/SIGXFSZ to their defaults
+ *       and exec the job's program, searching PATH the way Python's os.execvp does (no /bin/sh for a file without
+ *       #!, ":/bin:/usr/bin" without PATH);
+ *     - an exit barrier of W s (true: 1 s): the program as a child (the same exec), every signal but the
+ *       wrapper's own (wrapper.NOT_FORWARDED) passed on to it, then {"lark":1,"op":"push","barrier":true}\n
+ *       retried as client.call_patiently retries (larkd away or busy, pauses 0.2 s doubling to 2 s with jitter,
+ *       for up to W s, 30 s per answer), the wrapper's lines when it was not pushed, then the program's end:
+ *       the same exit code, or the same signal with no core of its own; a program that cannot be executed is
+ *       the wrapper's refusal (exit 111, no push);
  *   - {"ok":false, "error":"..."} (not busy): the wrapper's refusal, byte for byte: "Lark: job not started, its
  *     network could not be set up: larkd: <error>" on stderr and in $_CONDOR_WRAPPER_ERROR_FILE, a 60 s wait to
  *     be vacated when "held" is true, exit 111;
  *   - no answer within LARK_WRAPPER_TIMEOUT: the same refusal with the wrapper's timeout text, exit 111.
  * Everything else execs the Python wrapper (LARK_PY_WRAPPER, fixed at build time) with the same arguments, before
- * or after asking larkd: an exit barrier announced (the Python wrapper asks again and larkd answers `reused`),
- * larkd unreachable or busy (the Python wrapper retries for 20 s), a socket a lark.toml could move, an sshd of
- * condor_ssh_to_job, an argument that looks like a flag, an answer that is not plain ASCII JSON, env entries the
- * Python wrapper could not set, a LARK_WRAPPER_TIMEOUT that is not a plain decimal number. So the job never runs
- * without its network, and every case but the common one behaves as the Python wrapper does.
+ * or after asking larkd: larkd unreachable or busy at the setup (the Python wrapper retries for 20 s), a socket a
+ * lark.toml could move, an sshd of condor_ssh_to_job, an argument that looks like a flag, an answer that is not
+ * plain ASCII JSON, env entries the Python wrapper could not set, a LARK_WRAPPER_TIMEOUT that is not a plain
+ * decimal number. So the job never runs without its network, and every case but the common ones behaves as the
+ * Python wrapper does. Where a barrier's push fails, the line names the cause as client.py does, except that an
+ * answer that is JSON but not an object reads "unreadable", and an "error" that is not a string "unknown error".
  *
  * Build: gcc -O2 -Wall -Wextra -Werror -DLARK_PY_WRAPPER='"/opt/lark/bin/lark-job-wrapper"' -o OUT job_wrapper.c
  */
@@ -32,7 +40,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <time.h>
@@ -86,11 +96,11 @@ static int fail(const char *reason) {
 }
 
 /* -- the answer: one JSON object; only what the wrapper reads is kept, the rest is checked and skipped -------- */
-enum kind { K_NONE, K_TRUE, K_FALSE, K_NULL, K_NUMBER, K_STRING, K_OTHER };
+enum kind { K_NONE, K_TRUE, K_FALSE, K_NULL, K_NUMBER, K_STRING, K_EMPTY, K_OTHER };  /* K_EMPTY: [] {} */
 struct answer {
-    enum kind ok, busy, held, barrier, error;
-    double barrier_value;
-    char *error_text;
+    enum kind ok, busy, held, barrier, error, pushed, reason;
+    double barrier_value, ok_value, busy_value, pushed_value;
+    char *error_text, *reason_text, *ok_text, *busy_text, *pushed_text;
     int env_seen, env_bad, n_env;
     char *env_key[MAX_ENV], *env_value[MAX_ENV];
 };
@@ -199,12 +209,13 @@ static int number(struct parser *ps, double *out) {
         if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9') return -1;
         while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') ps->p++;
     }
-    char tmp[64];
     size_t n = (size_t)(ps->p - s);
-    if (n >= sizeof tmp) { *out = 1.0; return 0; }  /* a long number: only its sign could matter, kept positive */
+    char *tmp = malloc(n + 1);
+    if (!tmp) return -1;
     memcpy(tmp, s, n);
     tmp[n] = 0;
-    *out = strtod(tmp, NULL);
+    *out = strtod(tmp, NULL);  /* float(): a number past the double range is inf, as the exit barrier's wait */
+    free(tmp);
     return 0;
 }
 
@@ -221,7 +232,7 @@ static int value(struct parser *ps, int depth, double *num, char **str) {
     case '[':
         ps->p++;
         ws(ps);
-        if (ps->p < ps->end && *ps->p == ']') { ps->p++; return K_OTHER; }
+        if (ps->p < ps->end && *ps->p == ']') { ps->p++; return K_EMPTY; }
         for (;;) {
             if (value(ps, depth + 1, NULL, NULL) < 0) return -1;
             ws(ps);
@@ -232,7 +243,7 @@ static int value(struct parser *ps, int depth, double *num, char **str) {
     case '{':
         ps->p++;
         ws(ps);
-        if (ps->p < ps->end && *ps->p == '}') { ps->p++; return K_OTHER; }
+        if (ps->p < ps->end && *ps->p == '}') { ps->p++; return K_EMPTY; }
         for (;;) {
             ws(ps);
             if (string(ps, NULL)) return -1;
@@ -292,6 +303,8 @@ static int env_object(struct parser *ps, struct answer *a) {
     }
 }
 
+#define SWAP_TEXT(field, text) do { free(field); (field) = (text); (text) = NULL; } while (0)
+
 /* 0: the answer is one JSON object (Python's loads after stripping " \t\n\r"), its fields in *a. */
 static int parse_answer(const char *buf, size_t len, struct answer *a) {
     struct parser ps = {buf, buf + len};
@@ -318,14 +331,27 @@ static int parse_answer(const char *buf, size_t len, struct answer *a) {
             int k = value(&ps, 1, NULL, &a->error_text);
             r = k < 0 ? -1 : 0;
             a->error = k < 0 ? K_NONE : (enum kind)k;
+        } else if (!strcmp(key, "reason")) {
+            free(a->reason_text);
+            a->reason_text = NULL;
+            int k = value(&ps, 1, NULL, &a->reason_text);
+            r = k < 0 ? -1 : 0;
+            a->reason = k < 0 ? K_NONE : (enum kind)k;
         } else {
             double d = 0;
-            int k = value(&ps, 1, &d, NULL);
+            char *text = NULL;
+            int k = value(&ps, 1, &d, &text);
             if (k < 0) r = -1;
-            else if (!strcmp(key, "ok")) a->ok = (enum kind)k;
-            else if (!strcmp(key, "busy")) a->busy = (enum kind)k;
+            else if (!strcmp(key, "ok")) { a->ok = (enum kind)k; a->ok_value = d; SWAP_TEXT(a->ok_text, text); }
+            else if (!strcmp(key, "busy")) { a->busy = (enum kind)k; a->busy_value = d; SWAP_TEXT(a->busy_text, text); }
             else if (!strcmp(key, "held")) a->held = (enum kind)k;
             else if (!strcmp(key, "exit_barrier")) { a->barrier = (enum kind)k; a->barrier_value = d; }
+            else if (!strcmp(key, "pushed")) {
+                a->pushed = (enum kind)k;
+                a->pushed_value = d;
+                SWAP_TEXT(a->pushed_text, text);
+            }
+            free(text);
         }
         free(key);
         if (r) return -1;
@@ -362,36 +388,59 @@ static double wrapper_timeout(void) {
     return t > 0 ? t : -1;
 }
 
-enum outcome { GOT_ANSWER, NOT_REACHED, TIMED_OUT };
+/* How one request to larkd went, as lark/job/client.call() tells its cases apart. */
+enum outcome {
+    GOT_ANSWER,
+    NO_SOCKET,    /* connect: ENOENT (DaemonUnreachable) */
+    REFUSED,      /* connect: ECONNREFUSED (DaemonUnreachable) */
+    DENIED,       /* connect: EACCES/EPERM (LarkError) */
+    QUEUE_FULL,   /* connect: EAGAIN, the listen backlog full past the timeout (DaemonBusy) */
+    LOST,         /* any other error of connect, send or recv (DaemonUnreachable, with its errno) */
+    TIMED_OUT,    /* send or recv past the timeout (LarkError) */
+    CLOSED,       /* closed without a byte of answer (DaemonUnreachable) */
+};
 
-/* client.call("setup") up to reading the answer. NOT_REACHED: what the Python wrapper retries (it asks again). */
-static enum outcome ask_setup(const char *path, double timeout, char **buf, size_t *len) {
+/* client.call(op) up to reading the answer line: request is protocol.request()'s bytes. */
+static enum outcome ask(const char *path, const char *request, double timeout, char **buf, size_t *len, int *err) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof sa.sun_path) return NOT_REACHED;
+    *err = 0;
+    if (strlen(path) >= sizeof sa.sun_path) { *err = ENAMETOOLONG; return LOST; }
     strcpy(sa.sun_path, path);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return NOT_REACHED;
+    if (fd < 0) { *err = errno; return LOST; }
     struct timeval tv = {.tv_sec = (time_t)timeout, .tv_usec = (suseconds_t)((timeout - (double)(time_t)timeout) * 1e6)};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) { close(fd); return NOT_REACHED; }
-    size_t off = 0;
-    while (off < sizeof SETUP_REQUEST - 1) {
-        ssize_t w = send(fd, SETUP_REQUEST + off, sizeof SETUP_REQUEST - 1 - off, MSG_NOSIGNAL);
+    while (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+        if (errno == EINTR) continue;
+        *err = errno;
+        close(fd);
+        switch (*err) {
+        case ENOENT: return NO_SOCKET;
+        case ECONNREFUSED: return REFUSED;
+        case EACCES: case EPERM: return DENIED;
+        case EAGAIN: return QUEUE_FULL;
+        default: return LOST;
+        }
+    }
+    size_t off = 0, want = strlen(request);
+    while (off < want) {
+        ssize_t w = send(fd, request + off, want - off, MSG_NOSIGNAL);
         if (w > 0) { off += (size_t)w; continue; }
         if (w < 0 && errno == EINTR) continue;
         if (w < 0 && (errno == EPIPE || errno == ECONNRESET)) break;  /* larkd may have answered (busy) and closed */
+        *err = errno;
         close(fd);
-        return w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? TIMED_OUT : NOT_REACHED;
+        return w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? TIMED_OUT : LOST;
     }
     size_t cap = 4096, n = 0;
     char *b = malloc(cap);
-    if (!b) { close(fd); return NOT_REACHED; }
+    if (!b) { close(fd); *err = ENOMEM; return LOST; }
     while (n == 0 || b[n - 1] != '\n') {
         if (n == cap) {
-            if (cap >= MAX_ANSWER) { free(b); close(fd); return NOT_REACHED; }
+            if (cap >= MAX_ANSWER) { free(b); close(fd); *err = EMSGSIZE; return LOST; }
             char *nb = realloc(b, cap * 2);
-            if (!nb) { free(b); close(fd); return NOT_REACHED; }
+            if (!nb) { free(b); close(fd); *err = ENOMEM; return LOST; }
             b = nb;
             cap *= 2;
         }
@@ -399,15 +448,26 @@ static enum outcome ask_setup(const char *path, double timeout, char **buf, size
         if (r > 0) { n += (size_t)r; continue; }
         if (r == 0) break;
         if (errno == EINTR) continue;
+        *err = errno;
         free(b);
         close(fd);
-        return errno == EAGAIN || errno == EWOULDBLOCK ? TIMED_OUT : NOT_REACHED;
+        return *err == EAGAIN || *err == EWOULDBLOCK ? TIMED_OUT : LOST;
     }
     close(fd);
-    if (n == 0) { free(b); return NOT_REACHED; }  /* closed without answering: the Python wrapper asks again */
+    if (n == 0) { free(b); return CLOSED; }
     *buf = b;
     *len = n;
     return GOT_ANSWER;
+}
+
+/* Python's truth value of an answer's field. */
+static int truthy(enum kind k, double num, const char *text) {
+    switch (k) {
+    case K_TRUE: case K_OTHER: return 1;
+    case K_NUMBER: return num != 0;
+    case K_STRING: return text && *text;
+    default: return 0;
+    }
 }
 
 /* os.execvp as Python runs it (os._execvpe): no shell for a file without #!, the first error that is not
@@ -453,6 +513,202 @@ static void coerce_c_locale_like_python(void) {
         if (setlocale(LC_CTYPE, targets[i])) { setenv("LC_CTYPE", targets[i], 1); return; }
 }
 
+/* -- the exit barrier (wrapper.py: Forwarder, spawn, barrier, end_like) --------------------------------------- */
+/* wrapper.NOT_FORWARDED: the kernel's reports about the wrapper itself, or not catchable. */
+static int not_forwarded(int sig) {
+    switch (sig) {
+    case SIGCHLD: case SIGKILL: case SIGSTOP: case SIGSEGV: case SIGBUS: case SIGILL: case SIGFPE: case SIGTRAP:
+    case SIGSYS: case SIGPIPE: return 1;
+    default: return 0;
+    }
+}
+
+static volatile sig_atomic_t child_pid;
+static unsigned char forwarding[_NSIG];  /* the signals whose handler is forward() */
+
+/* Signals for the wrapper go to the job's program: the starter signals the job's pid, which is this one. */
+static void forward(int sig) {
+    int saved = errno;
+    if (child_pid > 0) kill((pid_t)child_pid, sig);
+    errno = saved;
+}
+
+static void install_forwarder(void) {
+    struct sigaction sa = {.sa_handler = forward};
+    sigfillset(&sa.sa_mask);
+    for (int sig = 1; sig < _NSIG; sig++)
+        if (!not_forwarded(sig) && sigaction(sig, &sa, NULL) == 0) forwarding[sig] = 1;  /* not glibc's own RT */
+}
+
+/* Forwarder.stop(): the program has ended, its pid may be reused; a signal now (condor_rm during the barrier) is
+ * for the wrapper itself, with its default effect. */
+static void stop_forwarding(void) {
+    child_pid = 0;
+    for (int sig = 1; sig < _NSIG; sig++)
+        if (forwarding[sig]) { signal(sig, SIG_DFL); forwarding[sig] = 0; }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_s(double s) {
+    if (s <= 0) return;
+    struct timespec left = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
+}
+
+#define PUSH_REQUEST "{\"lark\":1,\"op\":\"push\",\"barrier\":true}\n"  /* protocol.request("push", barrier=True) */
+#define PUSH_TIMEOUT_S 30.0
+#define START_LARKD "start larkd: condor_on -daemon LARKD, or systemctl start larkd"
+
+/* One client.call("push", barrier=True): 0 answered (a note, if any, in note), 1 failed for good, 2 failed in
+ * a way call_patiently retries (DaemonUnreachable, DaemonBusy); msg is str() of the LarkError it raises. */
+static int push_once(const char *path, char *msg, size_t cap, char *note, size_t note_cap) {
+    char *buf = NULL;
+    size_t len = 0;
+    int err = 0;
+    switch (ask(path, PUSH_REQUEST, PUSH_TIMEOUT_S, &buf, &len, &err)) {
+    case GOT_ANSWER: break;
+    case NO_SOCKET:
+        snprintf(msg, cap, "%s: larkd is not running (no socket) (" START_LARKD ")", path);
+        return 2;
+    case REFUSED:
+        snprintf(msg, cap, "%s: larkd is not running (connection refused) (" START_LARKD ")", path);
+        return 2;
+    case DENIED:
+        snprintf(msg, cap, "%s: permission denied on the larkd socket", path);
+        return 1;
+    case QUEUE_FULL:
+        snprintf(msg, cap, "%s: larkd's connection queue stayed full (retry in a moment)", path);
+        return 2;
+    case TIMED_OUT:
+        snprintf(msg, cap, "%s: larkd did not answer within %g s (check larkd's log)", path, PUSH_TIMEOUT_S);
+        return 1;
+    case CLOSED:
+        snprintf(msg, cap, "%s: larkd closed the connection without answering (check larkd's log)", path);
+        return 2;
+    case LOST:
+        snprintf(msg, cap, "%s: connection to larkd lost (%s) (larkd may have died; check its log and restart it)",
+                 path, strerror(err));
+        return 2;
+    }
+    struct answer a;
+    int bad = parse_answer(buf, len, &a);
+    free(buf);
+    if (bad) {  /* not JSON, not an object, or not ASCII (larkd writes ASCII): all of them odd */
+        snprintf(msg, cap, "%s: larkd sent an unreadable answer", path);
+        return 1;
+    }
+    if (!truthy(a.ok, a.ok_value, a.ok_text)) {
+        const char *text = a.error == K_STRING ? a.error_text : NULL;
+        if (truthy(a.busy, a.busy_value, a.busy_text)) {
+            snprintf(msg, cap, "larkd: %s (retry in a moment)", text ? text : "busy");
+            return 2;
+        }
+        snprintf(msg, cap, "larkd: %s", text ? text : "unknown error");
+        return 1;
+    }
+    note[0] = 0;
+    if (!truthy(a.pushed, a.pushed_value, a.pushed_text) && a.reason == K_STRING && a.reason_text && *a.reason_text)
+        snprintf(note, note_cap, "%s", a.reason_text);
+    return 0;
+}
+
+/* wrapper.barrier(): call_patiently("push", wait=wait, timeout=30, barrier=True); never fails the job. */
+static void barrier(const char *path, double wait) {
+    static char msg[8192], note[8192];
+    double deadline = now_s() + wait, delay = 0.2;
+    srand48((long)getpid() ^ (long)now_s());
+    for (;;) {
+        int r = push_once(path, msg, sizeof msg, note, sizeof note);
+        if (r == 0) {
+            if (*note) fprintf(stderr, "Lark: final network figures not pushed: %s\n", note);
+            return;
+        }
+        double pause = delay * (0.5 + drand48());  /* random.uniform(0.5, 1.5) */
+        if (r == 1 || now_s() + pause > deadline) break;
+        sleep_s(pause);
+        delay = delay * 2 < 2.0 ? delay * 2 : 2.0;
+    }
+    fprintf(stderr, "Lark: the job's final network figures were not written into its ad (%s); its history keeps the "
+            "last periodic figures and larkd's record keeps the exact ones\n", msg);
+}
+
+/* wrapper.end_like(): end the way the job's program ended, so the starter and the job's history see the same. */
+static int end_like(int status) {
+    if (WIFSIGNALED(status)) {
+        int sig = WTERMSIG(status);
+        struct rlimit none = {0, 0};
+        setrlimit(RLIMIT_CORE, &none);  /* the program dumped its own core if it could */
+        signal(sig, SIG_DFL);
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        sigprocmask(SIG_UNBLOCK, &one, NULL);
+        kill(getpid(), sig);
+        return 128 + sig;  /* a signal whose default is not to end the process */
+    }
+    return WEXITSTATUS(status);
+}
+
+/* The job's program as the wrapper's child, signals passed on; after it ended, the barrier; then its status. */
+static int run_with_barrier(const char *path, double wait) {
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);  /* until child_pid is set: a signal meanwhile waits, then is passed on */
+    install_forwarder();
+    int pipefd[2];
+    if (pipe2(pipefd, O_CLOEXEC) != 0) {
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        char reason[256];
+        snprintf(reason, sizeof reason, "cannot execute %.200s: %s", job_argv[0], strerror(errno));
+        return fail(reason);
+    }
+    pid_t pid = fork();
+    if (pid == 0) {  /* the job's program: handlers back to the defaults exec would give, then the old mask */
+        for (int sig = 1; sig < _NSIG; sig++)
+            if (forwarding[sig]) signal(sig, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);  /* wrapper.RESTORED_IN_JOB */
+        signal(SIGXFSZ, SIG_DFL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        close(pipefd[0]);
+        int e = exec_like_python(job_argv);
+        ssize_t w = write(pipefd[1], &e, sizeof e);
+        (void)w;
+        _exit(127);  /* wrapper.EXIT_NOT_EXECUTED */
+    }
+    int fork_err = errno;
+    close(pipefd[1]);
+    if (pid < 0) {
+        close(pipefd[0]);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        char reason[256];
+        snprintf(reason, sizeof reason, "cannot execute %.200s: %s", job_argv[0], strerror(fork_err));
+        return fail(reason);
+    }
+    child_pid = pid;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    int exec_err = 0;
+    ssize_t r;
+    while ((r = read(pipefd[0], &exec_err, sizeof exec_err)) < 0 && errno == EINTR) {}
+    close(pipefd[0]);
+    int status = 0;
+    if (r > 0) {  /* the exec failed: the wrapper's refusal, no barrier (there was no job) */
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+        char reason[4352];
+        snprintf(reason, sizeof reason, "cannot execute %.4000s: %s", job_argv[0], strerror(exec_err));
+        return fail(reason);
+    }
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) { status = EXIT_NO_NETWORK << 8; break; }  /* cannot happen: our only child */
+    stop_forwarding();
+    barrier(path, wait);
+    return end_like(status);
+}
+
 int main(int argc, char **argv) {
     job_argv = argv + 1;
     if (argc < 2 || argv[1][0] == '-') return fallback();           /* usage, or a flag: the Python wrapper's */
@@ -464,8 +720,9 @@ int main(int argc, char **argv) {
 
     char *buf = NULL;
     size_t len = 0;
-    enum outcome got = ask_setup(path, timeout, &buf, &len);
-    if (got == NOT_REACHED) return fallback();
+    int err = 0;
+    enum outcome got = ask(path, SETUP_REQUEST, timeout, &buf, &len, &err);
+    if (got != GOT_ANSWER && got != TIMED_OUT) return fallback();  /* the Python wrapper retries for 20 s */
     if (got == TIMED_OUT) {
         char reason[4352];
         snprintf(reason, sizeof reason, "%s: larkd did not answer within %g s (check larkd's log)", path, timeout);
@@ -488,15 +745,16 @@ int main(int argc, char **argv) {
         }
         return code;
     }
-    /* exit_barrier: Python takes a number (a bool is one) > 0 as a barrier, anything else as none. */
-    if (a.barrier == K_TRUE || (a.barrier == K_NUMBER && a.barrier_value > 0)) return fallback();
     if (a.env_bad) return fallback();
     for (int i = 0; i < a.n_env; i++)
         if (setenv(a.env_key[i], a.env_value[i], 1) != 0) return fallback();
     coerce_c_locale_like_python();
+    /* exit_barrier: Python takes a number (a bool is one: True waits 1 s) > 0 as a barrier, anything else as none. */
+    if (a.barrier == K_TRUE) return run_with_barrier(path, 1.0);
+    if (a.barrier == K_NUMBER && a.barrier_value > 0) return run_with_barrier(path, a.barrier_value);
     signal(SIGPIPE, SIG_DFL);  /* wrapper.RESTORED_IN_JOB */
     signal(SIGXFSZ, SIG_DFL);
-    int err = exec_like_python(job_argv);
+    err = exec_like_python(job_argv);
     char reason[4352];
     snprintf(reason, sizeof reason, "cannot execute %.4000s: %s", job_argv[0], strerror(err));
     return fail(reason);
