@@ -8,6 +8,12 @@ only make itself non-dumpable once its interpreter has started: a job watching f
 The launcher is compiled where Lark is installed (gcc), with the interpreter and the hook's script fixed in it,
 and installed as root:lark-hook, mode 2755. Nothing may be replaced by anyone but root on the way from the
 launcher to the hook's code, so every file and directory it names is checked for that first.
+
+It also builds the compiled job wrapper (`lark/job/launcher/job_wrapper.c`, issue 27) into the same directory,
+$(LARK_LIBEXEC)/lark-job-wrapper, root:root 0755 and not setgid (it runs as the job, with no privilege to
+protect); it execs the Python wrapper for every case it does not handle itself. Where that cannot be compiled
+(no cc, or no C headers), the same path becomes a symlink to the Python wrapper, so that a USER_JOB_WRAPPER naming
+it (condor_config.d/50-lark.conf, LARK_JOB_WRAPPER) always runs a wrapper.
 """
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import grp
 import logging
 import os
 import pwd
+import shutil
 import stat
 import subprocess
 import sys
@@ -27,6 +34,8 @@ from .errors import LarkError
 log = logging.getLogger("lark.hook_launcher")
 
 SOURCE = Path(__file__).resolve().parent / "job" / "launcher" / "prepare_job.c"
+WRAPPER_SOURCE = Path(__file__).resolve().parent / "job" / "launcher" / "job_wrapper.c"
+WRAPPER_NAME = "lark-job-wrapper"  # in the launcher's directory: $(LARK_LIBEXEC)/lark-job-wrapper
 GROUP = "lark-hook"
 # Where the shipped condor_config.d/50-lark.conf points LARK_HOOK_PREPARE_JOB: next to the venv's bin/, where
 # pip (which rewrites bin/lark-prepare-job on every upgrade) never writes.
@@ -89,6 +98,20 @@ def _c_string(what: str, path: Path) -> str:
     return f'"{text}"'
 
 
+def _temp_beside(dest: Path, what: str) -> tuple[Path, str]:
+    """`dest` made absolute, its directory made and checked root-only, and a new empty file there to replace it
+    with atomically."""
+    dest = Path(os.path.abspath(dest))
+    dest.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    why = only_root_can_replace(dest.parent)
+    if why:
+        raise LarkError(f"others could replace {what}: {why}", obj=str(dest),
+                        fix="choose a destination in root-owned directories (--dest)")
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    os.close(fd)
+    return dest, tmp
+
+
 def install(dest: Path, python: Path, script: Path, gid: int, cc: str = "gcc") -> None:
     """Compile the launcher for `python -I script` and put it at `dest` as root:gid, mode 2755, atomically."""
     for what, path in (("interpreter", python), ("hook script", script)):
@@ -96,14 +119,7 @@ def install(dest: Path, python: Path, script: Path, gid: int, cc: str = "gcc") -
         if why:
             raise LarkError(f"the launcher would run code that not only root controls: {why}",
                             obj=f"the hook's {what} {path}", fix="install Lark in a root-owned venv (docs/install.md)")
-    dest = Path(os.path.abspath(dest))
-    dest.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    why = only_root_can_replace(dest.parent)
-    if why:
-        raise LarkError(f"others could replace the launcher: {why}", obj=str(dest),
-                        fix="choose a destination in root-owned directories (--dest)")
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    os.close(fd)
+    dest, tmp = _temp_beside(dest, "the launcher")
     try:
         cp = subprocess.run([cc, *CFLAGS, f"-DLARK_HOOK_PYTHON={_c_string('interpreter', python)}",
                              f"-DLARK_HOOK_SCRIPT={_c_string('hook script', script)}", "-o", tmp, str(SOURCE)],
@@ -118,6 +134,42 @@ def install(dest: Path, python: Path, script: Path, gid: int, cc: str = "gcc") -
         if os.path.exists(tmp):
             os.unlink(tmp)
     log.info("installed %s (root:%d, 2755) for %s -I %s", dest, gid, python, script)
+
+
+def install_job_wrapper(dest: Path, py_wrapper: Path, cc: str = "gcc", compiled: bool = True) -> bool:
+    """The compiled job wrapper at `dest` (root:root 0755), its fallback `py_wrapper`; True when compiled. When
+    `compiled` is False or it cannot be compiled, `dest` becomes a symlink to `py_wrapper` and the reason is
+    logged: the Python wrapper stays what runs."""
+    _c_string("Python job wrapper", py_wrapper)
+    dest, tmp = _temp_beside(dest, "the job wrapper")
+    try:
+        problem = None
+        if not compiled:
+            problem = "--python-job-wrapper asked for the Python wrapper"
+        elif shutil.which(cc) is None:
+            problem = (f"no C compiler {cc!r} on PATH (install gcc and the C library headers, Debian: gcc libc6-dev; "
+                       "EL: gcc glibc-devel, then run `lark install-hook` again)")
+        else:
+            cp = subprocess.run([cc, *CFLAGS, f"-DLARK_PY_WRAPPER={_c_string('Python job wrapper', py_wrapper)}",
+                                 "-o", tmp, str(WRAPPER_SOURCE)], capture_output=True, text=True)
+            if cp.returncode != 0:
+                problem = (f"{cc} failed on {WRAPPER_SOURCE}: {cp.stderr.strip()} (install the C library headers, "
+                           "Debian: libc6-dev; EL: glibc-devel, then run `lark install-hook` again)")
+        if problem is None:
+            os.chown(tmp, 0, 0)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, dest)
+            log.info("installed %s (compiled job wrapper, falls back to %s)", dest, py_wrapper)
+            return True
+        os.unlink(tmp)
+        os.symlink(py_wrapper, tmp)
+        os.replace(tmp, dest)
+        log.warning("%s: the Python job wrapper (a symlink to %s), not the compiled one: %s", dest, py_wrapper,
+                    problem)
+        return False
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def launcher_problem(path: str) -> str | None:
@@ -158,6 +210,14 @@ def install_transfer_wrappers(directory: Path, wrapper: Path, names: list[str]) 
 
 
 def cmd_install_hook(args: argparse.Namespace) -> int:
+    # The job wrapper first: USER_JOB_WRAPPER may name its path, which then exists even where the launcher below
+    # cannot be compiled.
+    wrapper_dest = Path(args.dest).parent / WRAPPER_NAME
+    if install_job_wrapper(wrapper_dest, Path(args.job_wrapper), args.cc, not args.python_job_wrapper):
+        print(f"{wrapper_dest}: the compiled job wrapper (falls back to {args.job_wrapper}); USER_JOB_WRAPPER runs "
+              "it with LARK_JOB_WRAPPER = $(LARK_LIBEXEC)/lark-job-wrapper (50-lark.conf)")
+    else:
+        print(f"{wrapper_dest}: the Python job wrapper {args.job_wrapper}, not compiled (the reason is logged above)")
     gid = privilegeless_group(args.group)
     install(Path(args.dest), Path(args.python), Path(args.script), gid, args.cc)
     print(f"{args.dest}: setgid {args.group}, runs {args.python} -I {args.script}; "
@@ -184,4 +244,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "%(default)s)")
     p.add_argument("--transfer-wrapper", default=str(Path(sys.executable).parent / "lark-transfer-plugin"),
                    help="the wrapper the plugins' symlinks point to (default: %(default)s)")
+    p.add_argument("--job-wrapper", default=str(Path(sys.executable).parent / "lark-job-wrapper"),
+                   help="the Python job wrapper the compiled one falls back to (default: %(default)s)")
+    p.add_argument("--python-job-wrapper", action="store_true",
+                   help="do not compile the job wrapper: $(LARK_LIBEXEC)/lark-job-wrapper links to the Python one")
     p.set_defaults(func=cmd_install_hook)
