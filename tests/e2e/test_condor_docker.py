@@ -19,8 +19,8 @@ from test_condor_apptainer import assert_nothing_left, reconfigure
 from test_condor_security import kill_larkd_once_running  # kill -9 larkd a few seconds into the running job
 
 pytestmark = pytest.mark.e2e
-IMAGE = "lark-test/busybox:2"  # :2 has sed
-APPLETS = ("sh", "cat", "ls", "ip", "echo", "sleep", "wc", "head", "cut", "wget", "sed")
+IMAGE = "lark-test/busybox:3"  # :2 has sed, :3 dd and nc
+APPLETS = ("sh", "cat", "ls", "ip", "echo", "sleep", "wc", "head", "cut", "wget", "sed", "dd", "nc")
 SHIM = "/usr/local/libexec/lark-docker"
 CONF = "97-lark-docker.conf"
 IFACES = "ip -o link | cut -d: -f2 | cut -d@ -f1 > ifaces.txt\n"  # the job's interfaces, one a line
@@ -31,6 +31,11 @@ DOWNLOAD = IFACES + """ip -o -4 addr show dev eth0 | sed 's/.* inet //; s/ .*//'
 t() {{ read u _ < /proc/uptime; echo "$u"; }}
 a=$(t); n=$(wget -q -O - http://{world}:8000/50M.bin | wc -c); b=$(t)
 echo "$n $a $b"
+"""
+UP_SIZE = 25_000_000
+# Then as many bytes to the world's sink (:7001, which answers how many it got), timed the same way.
+UPLOAD = """a=$(t); got=$(dd if=/dev/zero bs=100000 count={blocks} 2>/dev/null | nc {world} 7001); b=$(t)
+echo "$got $a $b" > up.txt
 """
 
 
@@ -91,9 +96,12 @@ def test_docker_job_gets_its_lark_network_limit_and_counters(docker_ep):
     with --network=none --runtime=lark: lark-oci-runtime has larkd build the job's network in the container's own
     namespace before the job starts. The job never sees the EP's uplink nor Docker's bridge, but its own eth0 and
     address; its download from the world is limited, counted and in its history; nothing is left after it."""
-    c = docker_job("dk-net", DOWNLOAD.format(world=testbed.WORLD_IP), extra=f"request_bandwidth = {MBIT}\n")
-    kind, limit, inbytes, code = history(
-        c, ["LarkNetworkType", "LarkBandwidthLimit", "NetworkIncomingBytes", "ExitCode"], timeout=240)
+    script = DOWNLOAD + UPLOAD
+    c = docker_job("dk-net", script.format(world=testbed.WORLD_IP, blocks=UP_SIZE // 100_000),
+                   extra=f"request_bandwidth = {MBIT}\n")
+    kind, limit, inbytes, outbytes, code = history(
+        c, ["LarkNetworkType", "LarkBandwidthLimit", "NetworkIncomingBytes", "NetworkOutgoingBytes", "ExitCode"],
+        timeout=240)
     assert (kind, limit, code) == ("nat", str(MBIT), "0"), (kind, limit, code, out_of("dk-net", fname="err.txt"))
     assert_ran_once(c)
     assert out_of("dk-net", fname="ifaces.txt").split() == ["lo", "eth0"]
@@ -107,6 +115,13 @@ def test_docker_job_gets_its_lark_network_limit_and_counters(docker_ep):
           f"NetworkIncomingBytes {inbytes}")
     assert SIZE <= int(inbytes) <= SIZE * 1.01, inbytes  # counted within 1% (headers: bytes on the wire)
     assert 0.5 <= ratio <= 1.02, f"goodput {ratio:.3f} of the {MBIT} Mbit/s limit"  # generous: a slow VM is slower
+    got, a, b = out_of("dk-net", fname="up.txt").split()
+    assert int(got) == UP_SIZE
+    up_ratio = UP_SIZE * 8 / (float(b) - float(a)) / (MBIT * 1e6)
+    print(f"docker job upload: {got} bytes in {float(b) - float(a):.2f} s, goodput {up_ratio:.3f} of {MBIT} Mbit/s; "
+          f"history NetworkOutgoingBytes {outbytes}")
+    assert UP_SIZE <= int(outbytes) <= UP_SIZE * 1.05 + SIZE * 0.05, outbytes  # headers, and the download's ACKs
+    assert 0.5 <= up_ratio <= 1.02, f"upload goodput {up_ratio:.3f} of the {MBIT} Mbit/s limit"
     assert_nothing_left()
     deadline = time.time() + 30
     while containers() and time.time() < deadline:
