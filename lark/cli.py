@@ -97,10 +97,12 @@ def _offline_gc(args) -> list[str]:
         fw = make_firewall(cfg)
         net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
                            FinishedStore(os.path.join(cfg.state_dir, "finished"), cfg.finished_keep))
-        actions = sweep(net, live_record_keys(net), args.dry_run, sandbox=SandboxLimiter(cfg))
+        sandbox = SandboxLimiter(cfg)
+        actions = sweep(net, live_record_keys(net), args.dry_run, sandbox=sandbox)
         if args.purge and not args.dry_run and not net.records.keys():
             fw.destroy_base()
             actions.append(f"base {fw.name} objects")
+            actions += sandbox.purge()
             if net.dns.stop():
                 actions.append("DNS forwarder")
         return actions

@@ -231,6 +231,27 @@ class SandboxLimiter:
             actions.append(action)
         return actions
 
+    def purge(self) -> list[str]:
+        """`lark gc --purge`: the shared objects, once no live starter holds anything: the nft table and the
+        cgroups' parent (an uninstall, or a test bed's stop, leaves nothing in the machine's cgroup tree)."""
+        if self.live():
+            return []
+        actions = []
+        rc, _, err = self.nft(f"delete table inet {self.table}")
+        if rc == 0:
+            actions.append(f"nft table inet {self.table}")
+        elif not ("No such file" in err or "does not exist" in err):
+            actions.append(f"nft table inet {self.table} (incomplete: {err.strip()[:200]})")
+        if self.cg2:
+            try:
+                os.rmdir(self.parent)
+                actions.append(f"cgroup {self.parent}")
+            except FileNotFoundError:
+                pass
+            except OSError as e:   # a starter of another larkd (a second test bed) may still be under it
+                actions.append(f"cgroup {self.parent} (kept: {e.strerror or e})")
+        return actions
+
     def check(self, s: Starter) -> list[str]:
         """What a live, limited starter lacks (empty: both policers and its cgroup are there)."""
         problems = []

@@ -146,6 +146,12 @@ def test_add_check_remove_and_gc_of_an_orphan(limiter, ns):
     assert len(actions) == 1 and "incomplete" not in actions[0], actions
     assert limiter.keys() == {} and limiter.sweep() == []
 
+    # `lark gc --purge`: the table in the netns and the cgroups' parent go too; nothing is left to find.
+    assert limiter.purge() == [f"nft table inet {limiter.table}", f"cgroup {limiter.parent}"]
+    assert not os.path.exists(limiter.parent)
+    assert limiter.nft(f"list table inet {limiter.table}")[0] != 0
+    assert limiter.purge() == []
+
 
 @pytest.mark.parametrize("direction", ["upload", "download"])
 def test_tcp_from_a_process_in_the_cgroup_is_limited(limiter, ns, direction):

@@ -210,3 +210,18 @@ def test_doctor_says_whether_the_sandbox_is_limited(monkeypatch):
     assert "not limited (STARTER is not lark-starter" in hostcheck.file_transfer(runner({})).found
     monkeypatch.setattr(sandbox, "cgroup2_mount", lambda: None)
     assert "not limited (no cgroup v2 mount" in hostcheck.file_transfer(runner(lark_starter)).found
+
+
+def test_purge_removes_the_table_and_the_parent_only_when_no_live_starter_holds_them(tmp_path):
+    nft = FakeNft()
+    lim = _limiter(tmp_path, nft)
+    live = Starter(ME, start_time(ME))
+    os.makedirs(lim.cgroup_dir(live))
+    assert lim.purge() == [] and nft.cmds == ["list table inet lark_sandbox"]  # this process is a live "starter"
+    os.rmdir(lim.cgroup_dir(live))
+    gone = Starter(ME, start_time(ME) + 1)   # same pid, another start: a starter that is gone
+    os.makedirs(lim.cgroup_dir(gone))
+    assert lim.purge() == ["nft table inet lark_sandbox", f"cgroup {lim.parent} (kept: Directory not empty)"]
+    os.rmdir(lim.cgroup_dir(gone))
+    assert lim.purge()[-1] == f"cgroup {lim.parent}" and not os.path.exists(lim.parent)
+    assert lim.purge() == ["nft table inet lark_sandbox"]   # again: nothing left to remove but what nft says
