@@ -17,6 +17,7 @@ from condor import as_root, assert_ran_once, history, job, out_of, submit, testb
 # an EP config file written (or removed), then condor_reconfig; larkd's jobs, links, nft and netns names all gone
 from test_condor_apptainer import assert_nothing_left, reconfigure
 from test_condor_security import kill_larkd_once_running  # kill -9 larkd a few seconds into the running job
+from test_condor_url_transfer import world_file  # the world's 200M.bin, made once
 
 pytestmark = pytest.mark.e2e
 IMAGE = "lark-test/busybox:3"  # :2 has sed, :3 dd and nc
@@ -24,17 +25,20 @@ APPLETS = ("sh", "cat", "ls", "ip", "echo", "sleep", "wc", "head", "cut", "wget"
 SHIM = "/usr/local/libexec/lark-docker"
 CONF = "97-lark-docker.conf"
 IFACES = "ip -o link | cut -d: -f2 | cut -d@ -f1 > ifaces.txt\n"  # the job's interfaces, one a line
-MBIT = 20
-SIZE = 50_000_000  # the world's 50M.bin
+MBIT = 100  # the issue's figure: request_bandwidth = 100
+SIZE = 200_000_000  # the world's 200M.bin (made by test_condor_url_transfer.world_file), 16 s at 100 Mbit/s
+KILL_MBIT, KILL_SIZE = 20, 50_000_000  # the kill -9 test: a 20 s download, longer than larkd's absence
 # The job's interfaces and IPv4 address, then the download timed from /proc/uptime (1/100 s).
 DOWNLOAD = IFACES + """ip -o -4 addr show dev eth0 | sed 's/.* inet //; s/ .*//' > addr.txt
 t() {{ read u _ < /proc/uptime; echo "$u"; }}
-a=$(t); n=$(wget -q -O - http://{world}:8000/50M.bin | wc -c); b=$(t)
+a=$(t); n=$(wget -q -O - http://{world}:8000/{file} | wc -c); b=$(t)
 echo "$n $a $b"
 """
-UP_SIZE = 25_000_000
-# Then as many bytes to the world's sink (:7001, which answers how many it got), timed the same way.
-UPLOAD = """a=$(t); got=$(dd if=/dev/zero bs=100000 count={blocks} 2>/dev/null | nc {world} 7001); b=$(t)
+UP_SIZE = 100_000_000
+# A job of its own (its history's NetworkOutgoingBytes is then the upload's, not a download's ACKs too): as many
+# bytes to the world's sink (:7001, which answers how many it got), timed the same way.
+UPLOAD = """t() {{ read u _ < /proc/uptime; echo "$u"; }}
+a=$(t); got=$(dd if=/dev/zero bs=100000 count={blocks} 2>/dev/null | nc {world} 7001); b=$(t)
 echo "$got $a $b" > up.txt
 """
 
@@ -95,13 +99,12 @@ def test_docker_job_gets_its_lark_network_limit_and_counters(docker_ep):
     """Without docker_network_type (Docker's bridge NAT, docker0, by default) the wrapper creates the container
     with --network=none --runtime=lark: lark-oci-runtime has larkd build the job's network in the container's own
     namespace before the job starts. The job never sees the EP's uplink nor Docker's bridge, but its own eth0 and
-    address; its download from the world is limited, counted and in its history; nothing is left after it."""
-    script = DOWNLOAD + UPLOAD
-    c = docker_job("dk-net", script.format(world=testbed.WORLD_IP, blocks=UP_SIZE // 100_000),
-                   extra=f"request_bandwidth = {MBIT}\n")
-    kind, limit, inbytes, outbytes, code = history(
-        c, ["LarkNetworkType", "LarkBandwidthLimit", "NetworkIncomingBytes", "NetworkOutgoingBytes", "ExitCode"],
-        timeout=240)
+    address; its 200 MB download from the world is limited to its 100 Mbit/s, counted within 1% and in its history;
+    then a second job's 100 MB upload likewise; nothing is left after them."""
+    script = DOWNLOAD.format(world=testbed.WORLD_IP, file=world_file("200M.bin", SIZE))
+    c = docker_job("dk-net", script, extra=f"request_bandwidth = {MBIT}\n")
+    kind, limit, inbytes, code = history(
+        c, ["LarkNetworkType", "LarkBandwidthLimit", "NetworkIncomingBytes", "ExitCode"], timeout=240)
     assert (kind, limit, code) == ("nat", str(MBIT), "0"), (kind, limit, code, out_of("dk-net", fname="err.txt"))
     assert_ran_once(c)
     assert out_of("dk-net", fname="ifaces.txt").split() == ["lo", "eth0"]
@@ -112,21 +115,27 @@ def test_docker_job_gets_its_lark_network_limit_and_counters(docker_ep):
     seconds = float(b) - float(a)
     ratio = SIZE * 8 / seconds / (MBIT * 1e6)
     print(f"docker job: {n} bytes in {seconds:.2f} s, goodput {ratio:.3f} of {MBIT} Mbit/s; history "
-          f"NetworkIncomingBytes {inbytes}")
+          f"NetworkIncomingBytes {inbytes} ({int(inbytes) / SIZE:.4f} of the bytes)")
     assert SIZE <= int(inbytes) <= SIZE * 1.01, inbytes  # counted within 1% (headers: bytes on the wire)
     assert 0.5 <= ratio <= 1.02, f"goodput {ratio:.3f} of the {MBIT} Mbit/s limit"  # generous: a slow VM is slower
-    got, a, b = out_of("dk-net", fname="up.txt").split()
+    assert_nothing_left()
+
+    c = docker_job("dk-up", UPLOAD.format(world=testbed.WORLD_IP, blocks=UP_SIZE // 100_000),
+                   extra=f"request_bandwidth = {MBIT}\n")
+    outbytes, code = history(c, ["NetworkOutgoingBytes", "ExitCode"], timeout=240)
+    assert code == "0", out_of("dk-up", fname="err.txt")
+    got, a, b = out_of("dk-up", fname="up.txt").split()
     assert int(got) == UP_SIZE
     up_ratio = UP_SIZE * 8 / (float(b) - float(a)) / (MBIT * 1e6)
     print(f"docker job upload: {got} bytes in {float(b) - float(a):.2f} s, goodput {up_ratio:.3f} of {MBIT} Mbit/s; "
-          f"history NetworkOutgoingBytes {outbytes}")
-    assert UP_SIZE <= int(outbytes) <= UP_SIZE * 1.05 + SIZE * 0.05, outbytes  # headers, and the download's ACKs
+          f"history NetworkOutgoingBytes {outbytes} ({int(outbytes) / UP_SIZE:.4f} of the bytes)")
+    assert UP_SIZE <= int(outbytes) <= UP_SIZE * 1.01, outbytes  # counted within 1%
     assert 0.5 <= up_ratio <= 1.02, f"upload goodput {up_ratio:.3f} of the {MBIT} Mbit/s limit"
     assert_nothing_left()
     deadline = time.time() + 30
     while containers() and time.time() < deadline:
         time.sleep(1)
-    assert containers() == [], "the job's container was left behind"
+    assert containers() == [], "the jobs' containers were left behind"
 
 
 def test_docker_job_asking_for_the_host_network_is_held_with_the_reason(docker_ep):
@@ -163,7 +172,8 @@ def test_docker_job_outlives_a_killed_larkd_and_leaves_nothing(docker_ep):
     """larkd killed -9 three seconds into a docker job's 20 s download: condor_master restarts it, it adopts the
     job from its record (the starter still runs), tears it down when the starter exits; the history has every
     byte (the exit barrier after `docker start -a` waits for larkd), and nothing is left, not even for gc."""
-    c = docker_job("dk-kill", DOWNLOAD.format(world=testbed.WORLD_IP), extra=f"request_bandwidth = {MBIT}\n")
+    c = docker_job("dk-kill", DOWNLOAD.format(world=testbed.WORLD_IP, file="50M.bin"),
+                   extra=f"request_bandwidth = {KILL_MBIT}\n")
     killed_at = kill_larkd_once_running(c)
     deadline = time.time() + 40
     while (st := as_root(["lark", "status", "--json"])).returncode != 0:
@@ -173,9 +183,9 @@ def test_docker_job_outlives_a_killed_larkd_and_leaves_nothing(docker_ep):
     assert [j["phase"] for j in json.loads(st.stdout) if j["job_id"] == f"{c}.0"] == ["ready"], st.stdout
     inbytes, code = history(c, ["NetworkIncomingBytes", "ExitCode"], timeout=180)
     n, a, b = out_of("dk-kill").split()
-    assert (int(n), code) == (SIZE, "0")
+    assert (int(n), code) == (KILL_SIZE, "0")
     assert back_at - killed_at < float(b) - float(a), "the download was shorter than larkd's absence: proves nothing"
-    assert SIZE <= int(inbytes) <= SIZE * 1.01, inbytes
+    assert KILL_SIZE <= int(inbytes) <= KILL_SIZE * 1.01, inbytes
     print(f"docker job across larkd's kill -9: back after {back_at - killed_at:.1f} s; history NetworkIncomingBytes "
           f"{inbytes}")
     assert_nothing_left()
