@@ -6,6 +6,7 @@ Every machine is a network namespace (lark-pool-*):
   ep1/2  execution points: condor_master + startd + their own larkd; jobs bridged onto the site network
   core   the "core switch": a private Open vSwitch (userspace datapath), bridge core0, one port per machine
   wan    behind the core switch over two links (ports wan0, wan1): HTTP (which link?, files, upload sink), iperf3
+  dockerd on each EP only when a test asks (start_dockerd: tests/e2e_pool/test_pool_docker.py)
 
 The HTCondor machines run from the one-machine testbed's chroot root (testbed/testbed.py builds it), each
 through its own overlay mount, so every machine has its own /etc, /var/lib/condor, /run; /home is one shared
@@ -603,19 +604,25 @@ def restart_until_whole(i: int, job_ids: set[str], timeout: float = 60) -> float
     return time.time() - t0
 
 
-def reconfigure_controller(policies: str | None) -> None:
+def reconfigure_controller(policies: str | None, controllers: int | None = None) -> None:
     """New controller configs with `policies` (None: SDN_POLICIES), then each controller stopped (SIGTERM, by PID;
     the switch keeps its flows) and started again, as docs/controller.md says for a config change. At the
     switch's reconnect each deletes its own flows and the meters the new config no longer has; running jobs get
-    their new decisions at their EP's resync (larkd resyncs a restarted controller at once)."""
+    their new decisions at their EP's resync (larkd resyncs a restarted controller at once). `controllers`: how
+    many run from now on (default: as many as before); the others stay stopped (the EPs register with those that
+    answer), e.g. controllers_for(policies) for [[wan_group]] policies, CONTROLLERS to have them all back."""
     state = load_state()
-    for i in range(state.get("controllers", 1)):
+    n = state.get("controllers", 1) if controllers is None else controllers
+    for i in range(max(n, state.get("controllers", 1))):
         controller_file(i).write_text(controller_config(policies, i))
         pid = state["pids"].pop(_controller_name(i), None)
         if pid:
             _kill(pid, _controller_name(i))
         save_state(state)
-        _wait_switch_ready(_spawn_controller(state, i), i)
+        if i < n:
+            _wait_switch_ready(_spawn_controller(state, i), i)
+    state["controllers"] = n
+    save_state(state)
 
 
 def start(policies: str | None = None, slots_per_ep: int = SLOTS_PER_EP, ep_condor: str = "",
@@ -668,6 +675,96 @@ def wait_ready(timeout: float = 120) -> None:
                        f"see {POOL}/last-run/*/condor")
 
 
+# -- dockerd on the EPs (opt-in: only tests/e2e_pool/test_pool_docker.py starts it) ------------------------------
+# As the one-machine testbed's (testbed.start_dockerd): in the EP's netns, pivoted into the EP's root in a mount
+# namespace of its own, socket and exec root in that root, no firewall rules, Lark's OCI runtime added. Its data
+# root is a directory of the host's bind-mounted into the EP's root (overlay2 refuses an overlay underneath), and
+# its cgroups go under a parent per EP (both EPs share the kernel).
+def docker_cgroup_parent(ep: str) -> str:
+    return f"lark-pool-docker-{ep}"
+
+
+def dockerd_argv(ep: str) -> list[str]:
+    argv = list(tb.DOCKERD)
+    argv[argv.index("--data-root") + 1] = "/var/lib/lark-docker-pool"
+    argv[argv.index("--cgroup-parent") + 1] = docker_cgroup_parent(ep)
+    return argv
+
+
+def in_own_root(machine: str, argv: list[str]) -> list[str]:
+    """`argv` in the machine's netns and root, as in_machine, but in a mount namespace of its own pivoted into the
+    root (dockerd cannot import images in a chroot, see testbed.in_own_root); private: nothing it mounts leaks out."""
+    pre = ["env", "-i", "PATH=/usr/local/bin:/usr/bin:/usr/sbin:/bin:/sbin", "LANG=C.UTF-8", "HOME=/root"]
+    script = ('root=$0; inner=$1; shift; cd "$root" && mkdir -p .oldroot && pivot_root . .oldroot && '
+              'exec /bin/sh -c "$inner" sh "$@"')
+    inner = 'umount -l /.oldroot && rmdir /.oldroot && cd / && exec "$@"'
+    return in_ns(machine, ["unshare", "--mount", "--propagation", "private", "sh", "-c", script,
+                           str(root_of(machine)), inner, *pre, *argv])
+
+
+def docker(ep: str, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    """The docker CLI in an EP's root and netns, on that EP's dockerd."""
+    return run(in_machine(ep, ["docker", "--host", f"unix://{tb.DOCKER_SOCK}", *argv]), check=check)
+
+
+def start_dockerd(timeout: float = 60) -> None:
+    """dockerd on both EPs of the running pool. Safe to repeat."""
+    state = load_state()
+    if not state.get("pids"):
+        raise SystemExit("pool: start the pool before dockerd")
+    procs: dict[str, subprocess.Popen] = {}
+    for ep in EPS:
+        pid = state["pids"].get(f"{ep}-dockerd")
+        if pid and Path(f"/proc/{pid}").exists() and docker(ep, ["version"], check=False).returncode == 0:
+            continue
+        root = root_of(ep)
+        data, target = POOL / ep / "docker", root / "var/lib/lark-docker-pool"
+        data.mkdir(exist_ok=True)
+        target.mkdir(parents=True, exist_ok=True)
+        if not os.path.ismount(target):
+            run(["mount", "--bind", str(data), str(target)])
+            state["mounts"].append(str(target))
+        shutil.rmtree(root / "run/lark-docker", ignore_errors=True)  # no pid file or socket of the shared root's
+        (root / "run/lark-docker").mkdir(parents=True)
+        with open(POOL / f"{ep}.dockerd.log", "a") as err:  # the child has its own copy
+            procs[ep] = subprocess.Popen(in_own_root(ep, dockerd_argv(ep)), stdout=subprocess.DEVNULL, stderr=err)
+        state["pids"][f"{ep}-dockerd"] = procs[ep].pid  # nsenter, unshare, sh and env exec: dockerd's pid
+        save_state(state)
+    deadline = time.time() + timeout
+    for ep, proc in procs.items():
+        while docker(ep, ["version"], check=False).returncode != 0:
+            if proc.poll() is not None or time.time() > deadline:
+                raise RuntimeError(f"pool: dockerd on {ep} did not answer on {tb.DOCKER_SOCK}; see "
+                                   f"{POOL / f'{ep}.dockerd.log'}")
+            time.sleep(0.5)
+        log.info("dockerd up on %s (pid %d)", ep, proc.pid)
+
+
+def stop_dockerd() -> None:
+    """Both EPs' dockerd stopped (their containers removed first), their cgroup parents removed. Safe to repeat."""
+    state = load_state()
+    for ep in EPS:
+        pid = state.get("pids", {}).get(f"{ep}-dockerd")
+        if not pid:
+            continue
+        try:
+            alive = Path(f"/proc/{pid}/comm").read_text().strip() == "dockerd"
+        except OSError:
+            alive = False  # gone (its pid may be another process's by now)
+        if alive:
+            for c in docker(ep, ["ps", "-aq"], check=False).stdout.split():
+                docker(ep, ["rm", "-f", c], check=False)
+            _kill(pid, f"dockerd on {ep}", 30)
+        run(["ip", "-n", f"{PREFIX}{ep}", "link", "del", "docker0"], check=False)
+        state["pids"].pop(f"{ep}-dockerd")
+        save_state(state)
+        for cg in Path("/sys/fs/cgroup").glob(f"*/{docker_cgroup_parent(ep)}"):
+            try:
+                cg.rmdir()
+            except OSError as e:
+                log.warning("cgroup %s left: %s", cg, e)
+
+
 # -- stop -------------------------------------------------------------------------------------------------------
 def _kill(pid: int, name: str, grace: float = 5) -> None:
     try:
@@ -685,6 +782,7 @@ def _kill(pid: int, name: str, grace: float = 5) -> None:
 
 
 def down() -> None:
+    stop_dockerd()
     state = load_state()
     pids: dict = state.get("pids", {})
     for m in reversed(MACHINES):
