@@ -1,6 +1,7 @@
 """Helpers for end-to-end tests: run HTCondor tools as a pool user inside the testbed, submit, wait."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -130,3 +131,28 @@ def job(exe: str = "/usr/bin/python3", args: str = "", extra: str = "", count: i
     """A submit file; `inputs`: files (or URLs) the job needs from the submit directory, sent by file transfer."""
     lines = f"transfer_input_files = {', '.join(inputs)}\n" if inputs else ""
     return SIMPLE.format(exe=exe, args=args, extra=extra, count=count if count > 1 else "", inputs=lines)
+
+
+def assert_goodput_and_count(what: str, size: int, mbit: int, seconds: float, figure: str, counted: str) -> float:
+    """A transfer of `size` bytes in `seconds` at a `mbit` Mbit/s limit: print its goodput ratio and the history's
+    `figure` (`counted`), assert the count within 1% (headers: bytes on the wire) and the ratio loosely (0.5-1.02:
+    it cannot beat its limit; a loaded machine is slower). Returns the ratio."""
+    ratio = size * 8 / seconds / (mbit * 1e6)
+    print(f"{what}: {size} bytes in {seconds:.2f} s, goodput {ratio:.3f} of {mbit} Mbit/s; history {figure} "
+          f"{counted} ({int(counted) / size:.4f} of the bytes)")
+    assert size <= int(counted) <= size * 1.01, f"{what}: {figure} = {counted} for {size} bytes (1% allowed)"
+    assert 0.5 <= ratio <= 1.02, f"{what}: goodput {ratio:.3f} of the {mbit} Mbit/s limit"
+    return ratio
+
+
+def wait_larkd_back(cluster: int, timeout: float = 40) -> float:
+    """After a kill -9 of larkd: when `lark status` answered again (condor_master restarts larkd), asserting that
+    the new larkd adopted the running job `cluster`.0 (phase ready)."""
+    deadline = time.time() + timeout
+    while (st := as_root(["lark", "status", "--json"])).returncode != 0:
+        assert time.time() < deadline, f"larkd did not come back within {timeout} s of its kill -9"
+        time.sleep(0.5)
+    back_at = time.time()
+    phases = [j["phase"] for j in json.loads(st.stdout) if j["job_id"] == f"{cluster}.0"]
+    assert phases == ["ready"], f"job {cluster}.0 not adopted by the restarted larkd: {st.stdout}"
+    return back_at
