@@ -12,6 +12,13 @@ from .wan import LimitCounters, WanPlan, is_lark_meter, meter_id, meter_limit
 log = logging.getLogger("lark.controller.wan")
 
 
+def passed_bytes(stats) -> int:
+    """What a meter let through to the WAN: the bytes it was offered less what its drop band dropped. The group's
+    share is what it sent to the WAN; a policed TCP upload's dropped segments are sent again and would otherwise be
+    counted twice (seen: 1.13 of what the WAN router received)."""
+    return int(stats.byte_in_count) - sum(int(b.byte_band_count) for b in stats.band_stats)
+
+
 class WanMeters:
     def __init__(self, app, plan: WanPlan):
         self.app = app
@@ -63,7 +70,7 @@ class WanMeters:
         for reply in self.app._request(dp, p.OFPMeterStatsRequest(dp, 0, o.OFPM_ALL), self._timeout()):
             for m in reply.body:
                 if is_lark_meter(m.meter_id):
-                    self.counters.update(dp.id, meter_limit(m.meter_id), m.byte_in_count)
+                    self.counters.update(dp.id, meter_limit(m.meter_id), passed_bytes(m))
 
     def _send(self, sw, mods: list[tuple[int, int]]) -> None:
         """Meter mods then a barrier; an OpenFlow error names the meter, its group and port."""

@@ -120,6 +120,8 @@ class FakeApp:
         return self.xid
 
     def _request(self, dp, msg, timeout):
+        if isinstance(msg, parser.OFPMeterStatsRequest):
+            return [SimpleNamespace(body=getattr(self, "meter_stats", []))]
         if isinstance(msg, parser.OFPMeterConfigStatsRequest):
             body = [SimpleNamespace(meter_id=m, bands=[SimpleNamespace(rate=r, burst_size=b)])
                     for m, (r, b) in self.on_switch.items()]
@@ -173,6 +175,20 @@ def test_switch_up_rerates_drops_orphans_and_leaves_unused_for_reconcile():
     wm.reconcile(sw)                       # ... reconciliation (after the grace period) does
     assert sorted(m for cmd, m, _ in app.mods()) == [METER_BASE, METER_BASE + 1]
     assert all(cmd == ofp.OFPMC_DELETE for cmd, _, _ in app.mods())
+
+
+def test_a_groups_bytes_are_what_its_meter_let_through_not_what_it_was_offered():
+    """A policed upload's dropped segments are sent again: counting the meter's offered bytes counted them twice."""
+    app = FakeApp(cfg())
+    band = parser.OFPMeterBandStats(packet_band_count=70, byte_band_count=100_000)
+    app.meter_stats = [parser.OFPMeterStats(meter_id=METER_BASE, flow_count=1, packet_in_count=900,
+                                            byte_in_count=1_000_000, duration_sec=1, duration_nsec=0,
+                                            band_stats=[band]),
+                       parser.OFPMeterStats(meter_id=7, flow_count=1, packet_in_count=1, byte_in_count=5,
+                                            duration_sec=1, duration_nsec=0, band_stats=[])]   # not Lark's
+    wm, sw = WanMeters(app, app.registry.wan), switch()
+    wm.poll(sw)
+    assert {limit: s.bytes for (_, limit), s in wm.counters.samples.items()} == {(0, 0): 900_000}
 
 
 def test_status_prints_each_groups_rate_now_and_bytes(capsys):
