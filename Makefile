@@ -6,7 +6,7 @@ APT_PACKAGES := nftables iptables iproute2 util-linux dnsmasq-base openvswitch-s
                 containernetworking-plugins debootstrap gcc libc6-dev python3 python3-venv ca-certificates \
                 dhcpcd-base prometheus
 
-.PHONY: deps lint test unit integration e2e e2e-pool testbed demo demo-pool demo-fake bench bench-wan clean
+.PHONY: deps lint test unit integration e2e e2e-pool testbed demo demo-pool demo-docker demo-fake bench bench-wan clean
 
 deps: $(VENV)/.installed
 
@@ -59,6 +59,11 @@ demo: deps
 # testbed's chroot root, hence the lock.
 demo-pool: deps
 	flock /tmp/lark-testbed.lock $(VPY) demo/pool_policies_demo.py
+
+# Docker-universe jobs (issue 25): the testbed's dockerd with Lark's OCI runtime; a NAT job limited and counted, a
+# no-network job that sees only lo, a docker_network_type = host job held with Lark's reason.
+demo-docker: deps
+	flock /tmp/lark-testbed.lock $(VPY) demo/container_demo.py
 
 # The same ideas without HTCondor: a stand-in starter on a fake execution point (no chroot needed).
 demo-fake: deps

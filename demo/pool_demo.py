@@ -93,6 +93,24 @@ def show(clusters: dict[int, str], rows: dict[int, dict]) -> None:
             print("  ".join("-" * w for w in widths))
 
 
+def not_started_once(described: list[str]) -> bool:
+    """Print the jobs whose event logs show more than one start or an eviction (eventlog.describe lines); any?"""
+    if described:
+        print("jobs that did NOT start exactly once (their event logs):")
+        for line in described:
+            print(f"  {line}")
+        print()
+    return bool(described)
+
+
+def stop_pool() -> None:
+    """Stop the testbed, and say so if its namespaces outlived it."""
+    testbed.stop()
+    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    if testbed.HOST_NS in leftovers or testbed.WORLD_NS in leftovers:
+        log.error("testbed namespaces are still there: %s", leftovers)
+
+
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="demo: %(message)s")
     testbed.prepare("demo")
@@ -117,11 +135,7 @@ def main() -> int:
             restarted += [eventlog.describe(job, events)
                           for job, events in eventlog.not_once(d / "log.txt", [f"{c}.0"]).items()]
         print()
-        if restarted:
-            print("jobs that did NOT start exactly once (their event logs):")
-            for line in restarted:
-                print(f"  {line}")
-            print()
+        if not_started_once(restarted):
             return 1
         if len(rows) != len(clusters):
             print(f"only {len(rows)} of {len(clusters)} jobs reached the history")
@@ -130,10 +144,7 @@ def main() -> int:
         return 0
     finally:
         POLICY_CONF.unlink(missing_ok=True)
-        testbed.stop()
-        leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        if testbed.HOST_NS in leftovers or testbed.WORLD_NS in leftovers:
-            log.error("testbed namespaces are still there: %s", leftovers)
+        stop_pool()
 
 
 if __name__ == "__main__":

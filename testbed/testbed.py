@@ -441,6 +441,65 @@ def stop_dockerd(state: dict) -> None:
             log.warning("cgroup %s left: %s", cg, e)
 
 
+# -- docker-universe jobs on the EP (tests/e2e/test_condor_docker.py, demo/container_demo.py) --------------------
+DOCKER_IMAGE = "lark-test/busybox:3"  # busybox-static, `docker import`ed (no registry is reachable); :3 has dd, nc
+DOCKER_APPLETS = ("sh", "cat", "ls", "ip", "echo", "sleep", "wc", "head", "cut", "wget", "sed", "dd", "nc")
+DOCKER_SHIM = "/usr/local/libexec/lark-docker"  # DOCKER takes one path: a shim that runs Lark's wrapper
+DOCKER_CONF = "97-lark-docker.conf"
+
+
+def reconfigure(name: str, text: str | None) -> None:
+    """Write (or, with None, remove) an EP config file and condor_reconfig: larkd re-reads on the SIGHUP."""
+    conf = ROOT / "etc/condor/config.d" / name
+    if text is None:
+        conf.unlink(missing_ok=True)
+    else:
+        conf.write_text(text)
+    run(in_root(["condor_reconfig"]))
+    time.sleep(5)
+
+
+def enable_docker_jobs(timeout: float = 60) -> str:
+    """dockerd up, the test image imported, DOCKER = Lark's wrapper, until the EP advertises HasDocker; the image."""
+    start_dockerd()
+    if docker(["image", "inspect", DOCKER_IMAGE], check=False).returncode != 0:
+        raw = ROOT / "tmp/lark-docker-image"
+        shutil.rmtree(raw, ignore_errors=True)
+        for d in ("bin", "etc", "tmp"):
+            (raw / d).mkdir(parents=True)
+        (raw / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
+        shutil.copy2(ROOT / "usr/bin/busybox", raw / "bin/busybox")
+        for applet in DOCKER_APPLETS:
+            (raw / "bin" / applet).symlink_to("busybox")
+        run(["tar", "-C", str(raw), "-cf", str(raw.with_suffix(".tar")), "."])
+        docker(["import", "/tmp/lark-docker-image.tar", DOCKER_IMAGE])
+        shutil.rmtree(raw)
+        raw.with_suffix(".tar").unlink()
+    shim = ROOT / DOCKER_SHIM.lstrip("/")
+    shim.parent.mkdir(parents=True, exist_ok=True)
+    shim.write_text('#!/bin/sh\nexec /opt/lark/bin/python -I -m lark.job.docker_wrapper "$@"\n')
+    shim.chmod(0o755)
+    reconfigure(DOCKER_CONF, f"DOCKER = {DOCKER_SHIM}\n"
+                f"LARK_REAL_DOCKER = /usr/bin/docker --host unix://{DOCKER_SOCK}\n"
+                f"LARK_DOCKER_HOST = unix://{DOCKER_SOCK}\n"
+                "# No test image ships with Debian's condor; the job's image is local (no registry)\n"
+                "DOCKER_PERFORM_TEST = false\nDOCKER_TRUST_LOCAL_IMAGES = true\n")
+    deadline = time.time() + timeout
+    ad = ""
+    while time.time() < deadline:
+        ad = run(in_root(["condor_status", "-af", "HasDocker", "DockerVersion"]), check=False).stdout
+        if ad.lower().startswith("true"):
+            return DOCKER_IMAGE
+        time.sleep(2)
+    raise SystemExit(f"testbed: the EP does not advertise HasDocker with DOCKER = {DOCKER_SHIM}: {ad!r}")
+
+
+def disable_docker_jobs() -> None:
+    """DOCKER unset again, dockerd stopped with its docker0: what comes after never sees them."""
+    reconfigure(DOCKER_CONF, None)
+    stop_dockerd(load_state())
+
+
 def wait_for_slot(timeout: float = 90) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline:

@@ -151,15 +151,7 @@ def test_apptainer_job_outlives_a_killed_larkd_and_leaves_nothing(pool, image):
     assert_nothing_left()
 
 
-def reconfigure(name: str, text: str | None) -> None:
-    """Write (or, with None, remove) an EP config file and condor_reconfig: larkd re-reads on the SIGHUP."""
-    conf = testbed.ROOT / "etc/condor/config.d" / name
-    if text is None:
-        conf.unlink(missing_ok=True)
-    else:
-        conf.write_text(text)
-    subprocess.run(testbed.in_root(["condor_reconfig"]), check=True, capture_output=True)
-    time.sleep(5)
+reconfigure = testbed.reconfigure  # an EP config file written (or removed), then condor_reconfig
 
 
 def test_apptainer_job_under_no_network_policy_sees_only_lo(pool, image):

@@ -20,10 +20,7 @@ from test_condor_security import kill_larkd_once_running  # kill -9 larkd a few 
 from test_condor_url_transfer import world_file  # the world's 200M.bin, made once
 
 pytestmark = pytest.mark.e2e
-IMAGE = "lark-test/busybox:3"  # :2 has sed, :3 dd and nc
-APPLETS = ("sh", "cat", "ls", "ip", "echo", "sleep", "wc", "head", "cut", "wget", "sed", "dd", "nc")
-SHIM = "/usr/local/libexec/lark-docker"
-CONF = "97-lark-docker.conf"
+IMAGE = testbed.DOCKER_IMAGE
 IFACES = "ip -o link | cut -d: -f2 | cut -d@ -f1 > ifaces.txt\n"  # the job's interfaces, one a line
 MBIT = 100  # the issue's figure: request_bandwidth = 100
 SIZE = 200_000_000  # the world's 200M.bin (made by test_condor_url_transfer.world_file), 16 s at 100 Mbit/s
@@ -46,40 +43,8 @@ echo "$got $a $b" > up.txt
 @pytest.fixture(scope="module")
 def docker_ep(pool):
     """dockerd up, the test image imported, DOCKER = Lark's wrapper; the EP advertising HasDocker."""
-    testbed.start_dockerd()
-    if testbed.docker(["image", "inspect", IMAGE], check=False).returncode != 0:
-        raw = testbed.ROOT / "tmp/lark-docker-image"
-        shutil.rmtree(raw, ignore_errors=True)
-        for d in ("bin", "etc", "tmp"):
-            (raw / d).mkdir(parents=True)
-        (raw / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\n")
-        shutil.copy2(testbed.ROOT / "usr/bin/busybox", raw / "bin/busybox")
-        for applet in APPLETS:
-            (raw / "bin" / applet).symlink_to("busybox")
-        testbed.run(["tar", "-C", str(raw), "-cf", str(raw.with_suffix(".tar")), "."])
-        testbed.docker(["import", "/tmp/lark-docker-image.tar", IMAGE])
-        shutil.rmtree(raw)
-        raw.with_suffix(".tar").unlink()
-    shim = testbed.ROOT / SHIM.lstrip("/")
-    shim.parent.mkdir(parents=True, exist_ok=True)
-    shim.write_text('#!/bin/sh\nexec /opt/lark/bin/python -I -m lark.job.docker_wrapper "$@"\n')
-    shim.chmod(0o755)
-    reconfigure(CONF, f"DOCKER = {SHIM}\n"
-                f"LARK_REAL_DOCKER = /usr/bin/docker --host unix://{testbed.DOCKER_SOCK}\n"
-                f"LARK_DOCKER_HOST = unix://{testbed.DOCKER_SOCK}\n"
-                "# No test image ships with Debian's condor; the job's image is local (no registry)\n"
-                "DOCKER_PERFORM_TEST = false\nDOCKER_TRUST_LOCAL_IMAGES = true\n")
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        ad = as_root(["condor_status", "-af", "HasDocker", "DockerVersion"]).stdout
-        if ad.lower().startswith("true"):
-            break
-        time.sleep(2)
-    else:
-        pytest.fail(f"the EP does not advertise HasDocker with DOCKER = {SHIM}: {ad!r}")
-    yield IMAGE
-    reconfigure(CONF, None)
-    testbed.stop_dockerd(testbed.load_state())  # with its docker0: the modules after this one never see them
+    yield testbed.enable_docker_jobs()
+    testbed.disable_docker_jobs()  # with dockerd's docker0: the modules after this one never see them
 
 
 def docker_job(name: str, script: str, extra: str = "") -> int:
