@@ -68,9 +68,11 @@ def verify_status(args) -> int:
 
 
 def cmd_gc(args) -> int:
+    purge_refused = False
     try:
         answer = call("gc", path=args.socket, timeout=120, dry_run=args.dry_run)
         actions = answer["actions"]
+        purge_refused = args.purge and not args.dry_run
     except DaemonUnreachable:
         actions = _offline_gc(args)
     verb = "would remove" if args.dry_run else "removed"
@@ -78,6 +80,12 @@ def cmd_gc(args) -> int:
         print(f"{verb} {a}")
     if not actions:
         print("nothing to remove")
+    if purge_refused:
+        # larkd swept its orphans; the shared objects (base rules, the sandbox limiter's table and cgroup parent)
+        # are its own while it runs.
+        print("lark gc: --purge needs larkd stopped: larkd swept what it could, the shared objects stay (stop larkd, "
+              "e.g. `condor_off -daemon LARKD`, then run `lark gc --purge` again)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -794,8 +794,8 @@ def down() -> None:
         if not tb._wait_gone(pid, 20):
             _kill(pid, f"{m} condor_master", 1)
     for ep in EPS:
-        if Path(ns_path(ep)).exists() and (root_of(ep) / "usr/local/bin/lark").exists():
-            run(in_machine(ep, ["lark", "gc", "--purge"]), check=False)
+        if Path(ns_path(ep)).exists() and os.path.lexists(root_of(ep) / "usr/local/bin/lark"):  # a symlink into /opt
+            tb.purge_lark(lambda argv, ep=ep: run(in_machine(ep, argv), check=False))
     for name in (*(_controller_name(i) for i in range(CONTROLLERS)), "wan-http", "wan-iperf3-0", "wan-iperf3-1",
                  "ovs-vswitchd", "ovsdb-server"):
         if pids.get(name):

@@ -541,8 +541,9 @@ def stop() -> None:
         except ProcessLookupError:
             pass
         _wait_gone(p, 5)
-    if Path(f"/run/netns/{HOST_NS}").exists() and (ROOT / "usr/local/bin/lark").exists():
-        run(in_root(["lark", "gc", "--purge"]), check=False)
+    # lexists: usr/local/bin/lark is a symlink to /opt/lark/bin/lark, absolute, so exists() would look on the host
+    if Path(f"/run/netns/{HOST_NS}").exists() and os.path.lexists(ROOT / "usr/local/bin/lark"):
+        purge_lark(lambda argv: run(in_root(argv), check=False))
     # Lark's netns names inside the chroot, then the chroot's own mounts (deepest first).
     for line in reversed(Path("/proc/mounts").read_text().splitlines()):
         target = line.split()[1]
@@ -554,6 +555,20 @@ def stop() -> None:
         run(["ip", "netns", "del", ns], check=False)
     save_state({})
     log.info("testbed stopped")
+
+
+def purge_lark(run_in_ep, timeout: float = 20) -> None:
+    """`lark gc --purge` in an EP whose condor_master was told to stop: larkd, the master's child, can still be
+    running for a moment, and then only larkd's own sweep runs (the sandbox limiter's cgroup parent stayed in the
+    machine's cgroup tree); tried again until larkd is gone."""
+    deadline = time.time() + timeout
+    while True:
+        cp = run_in_ep(["lark", "gc", "--purge"])
+        if cp.returncode == 0 or "needs larkd stopped" not in cp.stderr or time.time() > deadline:
+            if cp.returncode != 0:
+                log.warning("lark gc --purge: %s", cp.stderr.strip()[-300:])
+            return
+        time.sleep(0.5)
 
 
 def _wait_or_kill(pid: int, timeout: float) -> None:
