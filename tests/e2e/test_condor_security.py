@@ -64,8 +64,18 @@ def test_figures_reach_history_when_the_job_kills_its_chirp_and_larkd_dies(pool)
 
 
 def kill_larkd_once_running(cluster: int, after: float = 3.0) -> float:
-    """kill -9 larkd `after` seconds once the job runs (condor_master restarts it ~10 s later); when it was killed."""
+    """kill -9 larkd `after` seconds once the job runs on its network (condor_master restarts it ~10 s later); when
+    it was killed. "Runs" is larkd's word, not the queue's: a docker job is running in the queue before its
+    container exists and its network is built (the OCI runtime asks larkd after `runc create`), and a kill before
+    that tests the runtime's retry, not an adoption (seen in CI: killed before docker_setup, the job not "ready")."""
     wait_queue(cluster, ["JobStatus"], lambda r: r[0] == RUNNING, timeout=120)
+    job, deadline = f"{cluster}.0", time.time() + 120
+    while True:
+        st = as_root(["lark", "status", "--json"])
+        if st.returncode == 0 and [j["phase"] for j in json.loads(st.stdout) if j["job_id"] == job] == ["ready"]:
+            break
+        assert time.time() < deadline, f"job {job}'s network was not ready in 120 s: {st.stdout or st.stderr}"
+        time.sleep(0.2)
     time.sleep(after)
     killed_at = time.time()
     os.kill(larkd_pid(), signal.SIGKILL)
