@@ -32,6 +32,7 @@ class FakeLarkd:
         self.ssh_sessions: list[dict] = []
         self.sock: socket.socket | None = None
         self.thread: threading.Thread | None = None
+        self.answered = threading.Event()   # set once a request got its answer
 
     def start(self) -> "FakeLarkd":
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -49,7 +50,11 @@ class FakeLarkd:
             except OSError:
                 return
             with conn:
-                conn.sendall(self.answer(protocol.loads(conn.makefile("rb").readline())))
+                line = conn.makefile("rb").readline()
+                if not line:    # the client went before it asked (as larkd, say nothing)
+                    continue
+                conn.sendall(self.answer(protocol.loads(line)))
+                self.answered.set()
 
     def answer(self, msg: dict) -> bytes:
         if msg["op"] == "setup":
@@ -217,6 +222,8 @@ def test_a_held_job_waits_to_be_vacated_and_an_unheld_one_fails_at_once(tmp_path
     try:
         p = wrapper(tmp_path, "true")
         if held:
+            # A loaded machine may take seconds to start the wrapper: the wait for the vacate starts at its answer.
+            assert fake.answered.wait(30), "the wrapper never asked larkd to set up"
             time.sleep(1.5)
             assert p.poll() is None, "a held job's wrapper exited before it was vacated"
             p.send_signal(signal.SIGTERM)  # the starter vacating it
