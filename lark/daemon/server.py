@@ -35,7 +35,7 @@ from .metrics import Metrics, machine_mbit, node_totals
 from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, JobRecord, RecordStore
 from .reload import reload
-from .sandbox import SandboxLimiter, Starter, slot_bandwidth
+from .sandbox_service import SandboxService
 from .sweep import sweep
 from .verify import report, verify_job
 
@@ -94,9 +94,7 @@ class Larkd:
         self.identities: dict[tuple[int, int], JobIdentity] = {}
         self.metrics = Metrics(self.records, self.acct, self.net.pools)   # pools are fixed at start
         self.uplink_mbit: float | None = None
-        self.sandbox = SandboxLimiter(cfg)
-        self.sandbox_watches: dict[Starter, int] = {}  # starter whose sandbox transfer is limited -> its pidfd
-        self.sandbox_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="lark-sandbox")
+        self.sandbox = SandboxService(cfg, self.netns_inode, lambda: self.ads, self.pool, self.spawn)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -146,7 +144,7 @@ class Larkd:
                 summary = self.net.teardown(pin.key, "orphaned", carried=pin.carried)
                 self._push_final(pin, summary)
                 self.pins.drop(pin.key)
-        actions = sweep(self.net, set(self.active), sandbox=self.sandbox)
+        actions = sweep(self.net, set(self.active), sandbox=self.sandbox.limiter)
         for a in actions:
             log.warning("reconcile removed %s", a)
         return adopted
@@ -416,80 +414,13 @@ class Larkd:
         if op == "gc":
             dry = bool(msg.get("dry_run"))
             actions = await self.loop.run_in_executor(self.pool, sweep, self.net, set(self.active), dry, None,
-                                                      self.sandbox)
+                                                      self.sandbox.limiter)
             return protocol.ok(actions=actions, dry_run=dry)
         if op == "verify":
             return protocol.ok(**await self.op_verify())
         if op == "sandbox_limit":
-            return await self.op_sandbox_limit(who, msg.get("slot"), msg.get("argv"))
+            return await self.sandbox.op_limit(who, msg.get("slot"), msg.get("argv"))
         raise LarkError(f"operation {op} not handled", obj="protocol")
-
-    async def op_sandbox_limit(self, who: peercred.Peer, slot: object, argv: object) -> bytes:
-        """lark-starter, as root, before it execs condor_starter: put it (same pid) into a cgroup of its own now,
-        and police that cgroup's sockets at the slot's Bandwidth once the startd's slot ad says what that is
-        (in the background: the starter does not wait for the startd). lark/daemon/sandbox.py."""
-        if not self.cfg.sandbox_limit:
-            return protocol.ok(limited=False, reason="LARK_SANDBOX_LIMIT is false")
-        if not isinstance(slot, str) or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-            raise LarkError("sandbox_limit needs the slot name and the starter's argv", obj=f"pid {who.pid}",
-                            fix="lark-starter sends both; install the same Lark for larkd and lark-starter")
-        job_key(slot)   # a valid slot name, or a LarkError naming it
-        if peercred.netns_identity(who.pid)[0] != self.netns_inode:
-            raise LarkError("the starter runs in another network namespace than larkd, whose rules would not see "
-                            "its transfers", obj=f"starter pid {who.pid} (slot {slot})",
-                            fix="run larkd in the startd's network namespace")
-        peercred.still_same_process(who)
-        starter = Starter(who.pid, who.start if who.start is not None else peercred.start_time(who.pid))
-        path = await self.loop.run_in_executor(self.pool, self.sandbox.join, starter)
-        if starter not in self.sandbox_watches:   # asked again: its policers are on their way already
-            self.watch_sandbox(starter)
-            info = peercred.StarterInfo(starter.pid, starter.start, slot, "", list(argv))
-            self.spawn(self._sandbox_policers(starter, info), f"sandbox limit of slot {slot}")
-        return protocol.ok(limited=True, cgroup=path)
-
-    async def _sandbox_policers(self, starter: Starter, info: peercred.StarterInfo) -> None:
-        if starter not in self.sandbox_watches:   # it exited already
-            return
-        try:   # the startd may take a while: in a pool of its own, never holding up a job's setup
-            mbit = await self.loop.run_in_executor(self.sandbox_pool, slot_bandwidth, self.ads, info)
-        except LarkError as e:
-            log.warning("sandbox transfer of slot %s (starter pid %d) not limited: no slot ad: %s", info.slot,
-                        starter.pid, e)
-            return
-        if mbit is None:
-            log.info("sandbox transfer of slot %s (starter pid %d) not limited: the slot has no Bandwidth",
-                     info.slot, starter.pid)
-            return
-        if starter in self.sandbox_watches:   # not if the starter already exited
-            await self.loop.run_in_executor(self.pool, self.sandbox.limit, starter, info.slot, mbit)
-
-    def watch_sandbox(self, starter: Starter) -> None:
-        if starter in self.sandbox_watches:
-            return
-        try:
-            fd = os.pidfd_open(starter.pid)
-        except ProcessLookupError:
-            fd = -1
-        if fd >= 0 and not peercred.alive(starter.pid, starter.start):
-            os.close(fd)
-            fd = -1
-        if fd < 0:
-            self.spawn(self._sandbox_gone(starter, None), f"sandbox limit of starter pid {starter.pid}")
-            return
-        self.sandbox_watches[starter] = fd
-        self.loop.add_reader(fd, lambda: self.spawn(self._sandbox_gone(starter, fd),
-                                                    f"sandbox limit of starter pid {starter.pid}"))
-
-    async def _sandbox_gone(self, starter: Starter, fd: int | None) -> None:
-        if fd is not None:
-            self.loop.remove_reader(fd)
-            os.close(fd)
-            if self.sandbox_watches.get(starter) == fd:
-                self.sandbox_watches.pop(starter, None)
-        errors = await self.loop.run_in_executor(self.pool, self.sandbox.remove, starter)
-        if errors:
-            log.warning("sandbox limit of starter pid %d not fully removed (lark gc retries): %s", starter.pid,
-                        "; ".join(errors))
 
     async def op_ssh_session(self, who: peercred.Peer, argv: object, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> bytes:
@@ -928,8 +859,7 @@ class Larkd:
         self.loop = asyncio.get_running_loop()
         for key, pid, start in await self.loop.run_in_executor(self.pool, self.reconcile):
             self.watch(key, pid, start)
-        for starter in await self.loop.run_in_executor(self.pool, self.sandbox.live):
-            self.watch_sandbox(starter)   # limited before this larkd started; the sweep removed the gone ones
+        await self.sandbox.adopt()
         path = self.cfg.socket
         os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
         if os.path.exists(path):

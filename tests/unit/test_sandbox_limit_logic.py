@@ -51,10 +51,7 @@ def _run(d, coro_fn):
                 await asyncio.gather(*list(d.tasks), return_exceptions=True)
             return result
         finally:
-            for fd in d.sandbox_watches.values():   # the "starter" is this test process: do not wait for it
-                d.loop.remove_reader(fd)
-                os.close(fd)
-            d.sandbox_watches.clear()
+            d.sandbox.unwatch_all()   # the "starter" is this test process: do not wait for it
     return asyncio.run(main())
 
 
@@ -108,7 +105,7 @@ def test_only_root_may_ask(tmp_path, monkeypatch):
 
 def test_knob_off_answers_at_once_and_makes_nothing(tmp_path, monkeypatch):
     d = _daemon(tmp_path, monkeypatch, sandbox_limit=False)
-    d.sandbox = _limiter(tmp_path)
+    d.sandbox.limiter = _limiter(tmp_path)
     a = json.loads(_run(d, lambda: d.dispatch({"op": "sandbox_limit", "slot": "slot1_1", "argv": []}, ROOT)))
     assert a["ok"] and a["limited"] is False and "LARK_SANDBOX_LIMIT" in a["reason"]
     assert os.listdir(tmp_path / "cg") == []
@@ -116,7 +113,7 @@ def test_knob_off_answers_at_once_and_makes_nothing(tmp_path, monkeypatch):
 
 def test_no_cgroup2_is_refused_with_the_reason_and_the_fix(tmp_path, monkeypatch):
     d = _daemon(tmp_path, monkeypatch)
-    d.sandbox = SandboxLimiter(d.cfg, nft=FakeNft(), cg2="")   # no cgroup2 mount
+    d.sandbox.limiter = SandboxLimiter(d.cfg, nft=FakeNft(), cg2="")   # no cgroup2 mount
     with pytest.raises(LarkError, match=r"cgroup v2 is not mounted.*LARK_SANDBOX_LIMIT = false"):
         _run(d, lambda: d.dispatch({"op": "sandbox_limit", "slot": "slot1_1", "argv": []}, ROOT))
     assert cgroup2_mount(str(tmp_path / "nothing")) is None
@@ -130,7 +127,7 @@ def test_no_cgroup2_is_refused_with_the_reason_and_the_fix(tmp_path, monkeypatch
 
 def test_bad_requests_are_refused(tmp_path, monkeypatch):
     d = _daemon(tmp_path, monkeypatch)
-    d.sandbox = _limiter(tmp_path)
+    d.sandbox.limiter = _limiter(tmp_path)
     with pytest.raises(LarkError, match="needs the slot name and the starter's argv"):
         _run(d, lambda: d.dispatch({"op": "sandbox_limit", "slot": "slot1_1"}, ROOT))
     with pytest.raises(LarkError, match="slot name"):
@@ -147,7 +144,7 @@ def _ad_files(tmp_path, slot: str, bandwidth: int | None) -> None:
 def test_the_starter_joins_its_cgroup_and_gets_policers_at_the_slots_bandwidth(tmp_path, monkeypatch):
     d = _daemon(tmp_path, monkeypatch)
     nft = FakeNft()
-    d.sandbox = _limiter(tmp_path, nft=nft)
+    d.sandbox.limiter = _limiter(tmp_path, nft=nft)
     _ad_files(tmp_path, "slot1_1", 20)
     a = json.loads(_run(d, lambda: d.dispatch({"op": "sandbox_limit", "slot": "slot1_1", "argv": ["-a", "slot1_1"]},
                                               ROOT)))
@@ -166,7 +163,7 @@ def test_the_starter_joins_its_cgroup_and_gets_policers_at_the_slots_bandwidth(t
 def test_a_slot_without_bandwidth_gets_no_policer(tmp_path, monkeypatch, caplog):
     d = _daemon(tmp_path, monkeypatch)
     nft = FakeNft()
-    d.sandbox = _limiter(tmp_path, nft=nft)
+    d.sandbox.limiter = _limiter(tmp_path, nft=nft)
     _ad_files(tmp_path, "slot1_2", None)
     caplog.set_level("INFO")
     a = json.loads(_run(d, lambda: d.dispatch({"op": "sandbox_limit", "slot": "slot1_2", "argv": []}, ROOT)))
