@@ -9,7 +9,6 @@ import fcntl
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -446,58 +445,9 @@ class Larkd:
             raise LarkError("the job's network namespace is no longer the one larkd built", job=rec.job_id,
                             obj=path, fix="lark status --verify; the job's network has drifted")
         self.session_netns[key] = rec.netns_inode   # its leftovers go when the job ends (release)
-        code = await self._run_as_asker(who, rec.job_id, path, command.program(self.cfg.ssh_sshd),
+        code = await ssh_session.run_as_asker(who, rec.job_id, path, command.program(self.cfg.ssh_sshd),
                                         "ssh session", reader, writer)
         return protocol.ok(exit_code=code)
-
-    async def _run_as_asker(self, who: peercred.Peer, job_id: str, netns_path: str, program: list[str],
-                            what: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
-        """Run `program` in the job's namespace at `netns_path` as the asker (ssh_session.py says how and why),
-        with the asker's standard descriptors, environment, working directory and cgroups. Answers `started`
-        once it runs (the asker then lets go of its descriptors); returns its exit code. It ends when the asker
-        goes (closes the connection or dies)."""
-        pidfd = who.pidfd if who.pidfd is not None else os.pidfd_open(who.pid)
-        try:
-            peercred.still_same_process(who)   # the pidfd (or pid) is the requester's, not a reused pid's
-            fds = ssh_session.take_fds(pidfd)
-            env, cwd = ssh_session.environment_of(who.pid), os.readlink(f"/proc/{who.pid}/cwd")
-        finally:
-            if pidfd != who.pidfd:
-                os.close(pidfd)
-        env_fd = ssh_session.environment_fd(env)
-        try:
-            join = ssh_session.CgroupJoin(ssh_session.cgroup_join_plan(who.pid))
-            proc = await asyncio.create_subprocess_exec(
-                *ssh_session.as_job_user(netns_path, who.uid, who.gid, env_fd, program), stdin=fds[0],
-                stdout=fds[1], stderr=fds[2], env=ssh_session.ROOT_ENV, cwd=cwd, start_new_session=True,
-                pass_fds=(env_fd,), preexec_fn=join)
-        except subprocess.SubprocessError as e:
-            raise LarkError(f"cannot put the {what} in the job's cgroups {list(join.files)}: {e}",
-                            job=job_id, obj=f"pid {who.pid}",
-                            fix="mount the cgroup hierarchies read-write where larkd runs") from None
-        finally:
-            for fd in (*fds, env_fd):
-                os.close(fd)
-        log.info("%s of job %s: pid %d (%s) in its network namespace", what, job_id, proc.pid,
-                 os.path.basename(program[0]))
-        writer.write(protocol.ok(started=True, pid=proc.pid))
-        await writer.drain()
-        ended = asyncio.ensure_future(proc.wait())
-        gone = asyncio.ensure_future(reader.read())   # b"" once the wrapper closed or died
-        await asyncio.wait({ended, gone}, return_when=asyncio.FIRST_COMPLETED)
-        gone.cancel()
-        if not ended.done():    # the starter killed the wrapper: the program (its process group) is over
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                await asyncio.wait_for(asyncio.shield(ended), 5)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await ended
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)     # what the program left in its group
-        return proc.returncode
 
     async def op_transfer_plugin(self, who: peercred.Peer, argv: object, request: object,
                                  reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
@@ -516,7 +466,7 @@ class Larkd:
             return protocol.error(str(e), results=transfer_plugin.failure_ads(
                 request, f"Lark: this transfer gets no network: {' '.join(str(e).split())}"))
         key = job_key(rec.slot)
-        code = await self._run_as_asker(who, rec.job_id, self.net.netns_path(key), command.argv(),
+        code = await ssh_session.run_as_asker(who, rec.job_id, self.net.netns_path(key), command.argv(),
                                         "transfer plugin", reader, writer)
         if command.upload:
             await self._push_now(key)

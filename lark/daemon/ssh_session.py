@@ -15,13 +15,21 @@ process still in the job's namespace (what a session left running, e.g. `nohup`)
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
+import logging
 import os
 import shutil
 import signal
+import subprocess
 from dataclasses import dataclass
 
+from .. import protocol
 from ..errors import LarkError
+from . import peercred
+
+log = logging.getLogger(__name__)
 
 SYS_PIDFD_GETFD = 438           # the same number on every architecture (Linux >= 5.6)
 SESSION_DIR = "/.condor_ssh_to_job_"
@@ -217,3 +225,51 @@ class CgroupJoin:
                 os.close(fd)
 
 
+async def run_as_asker(who: peercred.Peer, job_id: str, netns_path: str, program: list[str],
+                        what: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> int | None:
+    """Run `program` in the job's namespace at `netns_path` as the asker (this module says how and why),
+    with the asker's standard descriptors, environment, working directory and cgroups. Answers `started`
+    once it runs (the asker then lets go of its descriptors); returns its exit code. It ends when the asker
+    goes (closes the connection or dies)."""
+    pidfd = who.pidfd if who.pidfd is not None else os.pidfd_open(who.pid)
+    try:
+        peercred.still_same_process(who)   # the pidfd (or pid) is the requester's, not a reused pid's
+        fds = take_fds(pidfd)
+        env, cwd = environment_of(who.pid), os.readlink(f"/proc/{who.pid}/cwd")
+    finally:
+        if pidfd != who.pidfd:
+            os.close(pidfd)
+    env_fd = environment_fd(env)
+    try:
+        join = CgroupJoin(cgroup_join_plan(who.pid))
+        proc = await asyncio.create_subprocess_exec(
+            *as_job_user(netns_path, who.uid, who.gid, env_fd, program), stdin=fds[0],
+            stdout=fds[1], stderr=fds[2], env=ROOT_ENV, cwd=cwd, start_new_session=True,
+            pass_fds=(env_fd,), preexec_fn=join)
+    except subprocess.SubprocessError as e:
+        raise LarkError(f"cannot put the {what} in the job's cgroups {list(join.files)}: {e}",
+                        job=job_id, obj=f"pid {who.pid}",
+                        fix="mount the cgroup hierarchies read-write where larkd runs") from None
+    finally:
+        for fd in (*fds, env_fd):
+            os.close(fd)
+    log.info("%s of job %s: pid %d (%s) in its network namespace", what, job_id, proc.pid,
+             os.path.basename(program[0]))
+    writer.write(protocol.ok(started=True, pid=proc.pid))
+    await writer.drain()
+    ended = asyncio.ensure_future(proc.wait())
+    gone = asyncio.ensure_future(reader.read())   # b"" once the wrapper closed or died
+    await asyncio.wait({ended, gone}, return_when=asyncio.FIRST_COMPLETED)
+    gone.cancel()
+    if not ended.done():    # the starter killed the wrapper: the program (its process group) is over
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(ended), 5)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await ended
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)     # what the program left in its group
+    return proc.returncode
