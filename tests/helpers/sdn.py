@@ -42,6 +42,13 @@ name = "blocked"
 kind = "drop"
 select = 'Owner == "mallory"'
 """
+# The owner drop and one slice per user, nothing else: the label tests' base (IPv6, untagged jobs) add their EPs.
+DROP_MALLORY_AND_SLICES = DROP_MALLORY + """
+[[policy]]
+name = "slices"
+kind = "slice"
+select = 'true'
+"""
 # The paper's policies without the owner drop: per-user slices, no WAN for one group, another steered to wan1
 # (shared by the integration tests and bench/controller.py).
 SLICE_AND_WAN_POLICIES = """

@@ -10,16 +10,12 @@ import shutil
 import subprocess
 
 import pytest
-from helpers.sdn import DROP_MALLORY, PY, sh, started_pool
+from helpers.sdn import DROP_MALLORY_AND_SLICES, PY, sh, started_pool
 from test_controller_labels import add_job, make_edges, program_edge
 
 pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
 
-POLICIES = DROP_MALLORY + """
-[[policy]]
-name = "slices"
-kind = "slice"
-select = 'true'
+POLICIES = DROP_MALLORY_AND_SLICES + """
 [labels]
 mode = "vlan"
 [ep.ep1]

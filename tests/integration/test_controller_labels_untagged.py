@@ -8,19 +8,14 @@ import shutil
 
 import pytest
 from helpers.frames import frame_arrives
-from helpers.sdn import DROP_MALLORY, GW, PY, sh, started_pool
+from helpers.sdn import DROP_MALLORY_AND_SLICES, GW, PY, sh, started_pool
 from test_controller_labels import EDGES, LABELS_AND_EPS, add_job, program_edge
 
 from lark.controller import labels
 
 pytestmark = pytest.mark.skipif(not shutil.which("ovs-vswitchd"), reason="Open vSwitch is not installed")
 
-POLICIES = DROP_MALLORY + """
-[[policy]]
-name = "slices"
-kind = "slice"
-select = 'true'
-""" + LABELS_AND_EPS
+POLICIES = DROP_MALLORY_AND_SLICES + LABELS_AND_EPS
 
 
 @pytest.fixture
