@@ -13,6 +13,12 @@ usage: hostile_job.py STEP [STEP ...]; each step prints one JSON line:
   netns                 this process's network namespace (readlink /proc/self/ns/net)
   ssh-session CONFIG    ask larkd for a condor_ssh_to_job session (`sshd -i -e -f CONFIG`) in this job's network;
                         report both answers (the session's program writes to this job's stdout)
+  raw OP FIELDS_JSON    send larkd {"op": OP, **FIELDS} as a root-only client would (e.g. sandbox_limit with a forged
+                        starter argv, docker_setup with a made-up container); report the answer, this pid and uid
+  userns-raw OP FIELDS_JSON   the same from `unshare --user --map-root-user`: uid 0 in a user namespace of its own;
+                        that process lives on (so that what larkd might have made for it would still stand) until
+                        this job's steps are done
+  hold                  wait until stdin closes
 """
 import json
 import os
@@ -35,6 +41,7 @@ def ask(op: str) -> dict:
 
 def ssh_session(config: str) -> dict:
     import socket
+
     from lark.job.client import socket_path
     s = socket.socket(socket.AF_UNIX)
     s.connect(socket_path())
@@ -42,6 +49,31 @@ def ssh_session(config: str) -> dict:
               .encode() + b"\n")
     answers = [json.loads(line) for line in s.makefile("rb")]
     return {"answers": answers}
+
+
+def raw(op: str, fields: str) -> dict:
+    """One request, as larkd's root-only clients (lark-starter, lark-oci-runtime) send it, and its answer."""
+    import socket
+
+    from lark.job.client import socket_path
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(socket_path())
+    s.sendall(json.dumps({"lark": 1, "op": op, **json.loads(fields)}).encode() + b"\n")
+    line = s.makefile("rb").readline()
+    return {"op": op, "pid": os.getpid(), "uid": os.getuid(), "answer": json.loads(line) if line else None}
+
+
+HELD: list[subprocess.Popen] = []
+
+
+def userns_raw(op: str, fields: str) -> dict:
+    p = subprocess.Popen(["unshare", "--user", "--map-root-user", sys.executable, __file__, "raw", op, fields, "hold"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    HELD.append(p)
+    line = p.stdout.readline()
+    if not line.startswith("{"):
+        return {"op": op, "answer": None, "err": p.stderr.read()[-500:] if p.poll() is not None else ""}
+    return json.loads(line)
 
 
 def run(argv: list[str]) -> dict:
@@ -78,6 +110,13 @@ def main() -> None:
             out = {"netns": os.readlink("/proc/self/ns/net")}
         elif step == "ssh-session":
             out = ssh_session(args.pop(0))
+        elif step == "raw":
+            out = raw(args.pop(0), args.pop(0))
+        elif step == "userns-raw":
+            out = userns_raw(args.pop(0), args.pop(0))
+        elif step == "hold":
+            sys.stdin.read()
+            out = {}
         elif step == "touch":
             open(args.pop(0), "w").close()
             out = {}
@@ -88,7 +127,10 @@ def main() -> None:
             out = {"waited": os.path.exists(path)}
         else:
             sys.exit(f"unknown step {step}")
-        print(json.dumps({"step": step, **out}), flush=True)
+        print(json.dumps({**out, "step": step}), flush=True)
+    for p in HELD:
+        p.stdin.close()
+        p.wait(30)
 
 
 if __name__ == "__main__":
