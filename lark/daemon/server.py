@@ -407,7 +407,9 @@ class Larkd:
             # Anyone may ask (the startd's cron runs as the condor user): node-wide sums only, no job named.
             return protocol.ok(**node_totals(self.records, self.acct, self.uplink_mbit))
         if who.uid != 0:
-            raise LarkError(f"operation {op} is for root only", obj=f"pid {who.pid} uid {who.uid}")
+            raise LarkError(f"operation {op} is for root only", obj=f"pid {who.pid} uid {who.uid}",
+                            fix="root's own tools ask it (the lark command run as root, lark-starter as the "
+                                "startd starts it); a job's processes never may")
         if op == "status":
             return protocol.ok(jobs=[self.stats(k) for k in sorted(self.records.keys())])
         if op == "gc":
