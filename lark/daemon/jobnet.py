@@ -17,12 +17,13 @@ from pyroute2 import IPRoute
 
 from ..config import Config
 from ..errors import LarkError
-from ..kernel import dhcp, dhcp6, dns, netns
+from ..kernel import dhcp, dhcp6, dns
 from ..kernel.accounting import Accountant
 from ..kernel.attach import make_modes
 from ..kernel.fairshare import FairShare, link_jobs, shares
 from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import port_pool
+from ..kernel.ops import REAL, KernelOps
 from ..kernel.scitags import FireflyReporter
 from ..names import JobNames, host_mac_seed, set_process_mac_seed
 from ..plan import JobNetwork, NetworkPlan
@@ -42,8 +43,9 @@ log = logging.getLogger(__name__)
 
 class JobNetworker:
     def __init__(self, cfg: Config, firewall: Firewall, records: RecordStore, accountant: Accountant,
-                 finished: FinishedStore):
+                 finished: FinishedStore, kernel: KernelOps = REAL):
         self.cfg = cfg
+        self.kernel = kernel  # every kernel call of the orchestration (lark/kernel/ops.py; tests pass a fake)
         self.fw = firewall
         self.records = records
         self.acct = accountant
@@ -122,7 +124,7 @@ class JobNetworker:
         if job_pid == TRANSFER_NETNS:
             # For the job's file-transfer plugins, before the job has a namespace: one of larkd's making. Made
             # before the record, named with the job's prefix: if larkd dies here, the sweep finds it by name.
-            job_ns = netns.create(self.netns_path(plan.key))
+            job_ns = self.kernel.create_netns(self.netns_path(plan.key))
         rec = JobRecord(key=plan.key, slot=plan.slot, job_id=plan.job_id, starter_pid=starter_pid,
                         starter_start=starter_start, job_pid=job_pid, netns_inode=job_ns, netns=n.netns,
                         host_if=n.host_if if plan.has_network else "", plan=JobNetwork(plan).to_dict())
@@ -183,7 +185,7 @@ class JobNetworker:
             try:
                 fd = os.open(self.netns_path(key), os.O_RDONLY)
                 try:
-                    with netns.entered(fd):
+                    with self.kernel.entered(fd):
                         new = dhcp.Client(n.job_if, n.job_mac, rec.job_id).renew(lease)
                 finally:
                     os.close(fd)
@@ -223,7 +225,7 @@ class JobNetworker:
         # One netlink socket per worker thread, reused across jobs (opening one costs ~1 ms).
         ipr = getattr(self._local, "ipr", None)
         if ipr is None:
-            ipr = self._local.ipr = IPRoute()
+            ipr = self._local.ipr = self.kernel.host_netlink()
         return ipr
 
     def teardown(self, key: str, reason: str, carried: dict | None = None, final: bool = True) -> dict | None:

@@ -4,8 +4,8 @@
 tears all of it down by phase, and unions its keys for gc. Each `remove` works from the job's names (and its
 record, when there is one), so it cleans a finished job, a half-built one and an orphan alike.
 
-Where kernel state is touched: only through lark/kernel/* calls made here (and by the attach mode and the firewall
-driver these call).
+Where kernel state is touched: only through the host's `kernel` (lark/kernel/ops.py: the real kernel, or the unit
+tests' fake), the attach mode and the firewall driver, all three given to the JobNetworker.
 """
 from __future__ import annotations
 
@@ -16,17 +16,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pyroute2 import IPRoute
-
 from ..config import Config
 from ..errors import LarkError
-from ..kernel import dhcp, dhcp6, dns, dns6, ipv6auto, links, mtu, netns, scitags, shaping
+from ..kernel import dhcp, dhcp6, dns, dns6, ipv6auto, scitags, shaping
 from ..kernel.accounting import Accountant, link_reading
 from ..kernel.drift import Finding, drifted
 from ..kernel.fairshare import FairShare
-from ..kernel.firewall import job_netns
 from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import LockPool
+from ..kernel.ops import KernelOps
 from ..kernel.scitags import FireflyReporter
 from ..names import HOST_IF_PREFIX, JobNames, key_from_host_if
 from ..plan import JobNetwork
@@ -52,6 +50,7 @@ class Host(Protocol):
     fair: FairShare
     controller: ControllerClient
     ports: LockPool
+    kernel: KernelOps                   # every kernel call below goes through it (lark/kernel/ops.py)
 
     @property
     def modes(self) -> dict: ...
@@ -145,22 +144,22 @@ class Netns(Base):
         assert ctx.rec is not None
         path = self.host.netns_path(ctx.key)
         if ctx.rec.job_pid == TRANSFER_NETNS:    # larkd made it (JobNetworker.setup): check it is still that one
-            if not netns.is_mounted_netns(path) or os.stat(path).st_ino != ctx.rec.netns_inode:
+            if not self.host.kernel.is_mounted_netns(path) or os.stat(path).st_ino != ctx.rec.netns_inode:
                 raise LarkError("the namespace made for the job's file transfers is gone", job=ctx.job_id,
                                 obj=path, fix="retry the job; lark gc removes what is left")
         else:
-            netns.attach(ctx.rec.job_pid, path, expect_inode=ctx.rec.netns_inode)
+            self.host.kernel.attach_netns(ctx.rec.job_pid, path, expect_inode=ctx.rec.netns_inode)
         fd = os.open(path, os.O_RDONLY)
         ctx.stack.callback(os.close, fd)
         ctx.ns_fd = fd
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
-        errors.run(f"remove netns {ctx.names.netns}", netns.detach, self.host.netns_path(ctx.key))
+        errors.run(f"remove netns {ctx.names.netns}", self.host.kernel.detach_netns, self.host.netns_path(ctx.key))
 
     def keys(self) -> Iterable[tuple[str, str]]:
         cfg = self.host.cfg
-        return [(name[len(cfg.netns_prefix):], f"netns {name}") for name in netns.list_named(cfg.netns_dir,
-                                                                                            cfg.netns_prefix)]
+        return [(name[len(cfg.netns_prefix):], f"netns {name}")
+                for name in self.host.kernel.list_netns(cfg.netns_dir, cfg.netns_prefix)]
 
 
 class HostPrepare(Base):
@@ -193,7 +192,7 @@ class Reservations(Base):
             got.update(ipv6=mode.pool6.reserve(plan.key, plan.job_id), gateway6=mode.gateway6,
                        ipv6_prefix=mode.prefix6)
             # Before the job's device exists, so it inherits it: no DAD delay on its addresses.
-            netns.write_sysctl_in(ctx.ns_fd, "net.ipv6.conf.default.accept_dad", "0")
+            self.host.kernel.write_sysctl_in(ctx.ns_fd, "net.ipv6.conf.default.accept_dad", "0")
         if plan.inbound and not prof.bridged:
             got["inbound_port"] = int(self.host.ports.reserve(plan.key, plan.job_id))
         ctx.set_net(ctx.net.with_addresses(**got))
@@ -213,22 +212,24 @@ class Veth(Base):
     def add(self, ctx: JobCtx) -> None:
         assert ctx.net is not None and ctx.profile is not None and ctx.profile.mode is not None
         plan, n = ctx.net.plan, ctx.names
-        made = links.create_veth(ctx.ipr, n.host_if, n.job_if, ctx.ns_fd, plan.job_id,
-                                 n.job_mac if ctx.profile.bridged else None,
-                                 mtu.for_job(ctx.ipr, self.host.cfg, ctx.profile.mode))
+        kernel = self.host.kernel
+        made = kernel.create_veth(ctx.ipr, n.host_if, n.job_if, ctx.ns_fd, plan.job_id,
+                                  n.job_mac if ctx.profile.bridged else None,
+                                  kernel.job_mtu(ctx.ipr, self.host.cfg, ctx.profile.mode))
         # The kernel's echo of the create request gave the indexes (links.py); else look the host end up.
         ctx.host_idx = made.host if made is not None else ctx.ipr.link_lookup(ifname=n.host_if)[0]
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
-        errors.run(f"delete {ctx.names.host_if}", links.delete_link, ctx.ipr, ctx.names.host_if)
+        errors.run(f"delete {ctx.names.host_if}", self.host.kernel.delete_link, ctx.ipr, ctx.names.host_if)
 
     def check(self, ctx: CheckCtx) -> list[Finding]:
-        found, ctx.host_idx, ctx.job_idx = links.verify_veth(ctx.ipr, ctx.names.host_if, ctx.nipr, ctx.names.job_if)
+        found, ctx.host_idx, ctx.job_idx = self.host.kernel.verify_veth(ctx.ipr, ctx.names.host_if, ctx.nipr,
+                                                                        ctx.names.job_if)
         return found
 
     def keys(self) -> Iterable[tuple[str, str]]:
-        with IPRoute() as ipr:
-            names = links.list_links(ipr, HOST_IF_PREFIX)
+        with self.host.kernel.host_netlink() as ipr:
+            names = self.host.kernel.list_links(ipr, HOST_IF_PREFIX)
         return [(k, f"link {ifname}") for ifname in names if (k := key_from_host_if(ifname))]
 
 
@@ -271,12 +272,12 @@ class JobSide(Base):
     name = "job-side"
 
     def add(self, ctx: JobCtx) -> None:
-        ctx.nipr = ctx.stack.enter_context(netns.netlink_in(ctx.ns_fd))
+        ctx.nipr = ctx.stack.enter_context(self.host.kernel.netlink_in(ctx.ns_fd))
         if ctx.profile is None or ctx.profile.mode is None:
-            links.bring_up_job_side(ctx.nipr, None)
+            self.host.kernel.bring_up_job_side(ctx.nipr, None)
             return
         assert ctx.net is not None
-        ctx.job_idx = links.bring_up_job_side(ctx.nipr, ctx.names.job_if)
+        ctx.job_idx = self.host.kernel.bring_up_job_side(ctx.nipr, ctx.names.job_if)
         ctx.profile.mode.wait_forwarding(ctx.ipr, ctx.host_idx, ctx.net.plan.job_id)
 
 
@@ -301,7 +302,7 @@ class DhcpLease(Base):
         if cached is not None and cached.usable():
             log.info("job %s reuses the slot's DHCP lease %s (server %s)", plan.job_id, cached.address, cached.server)
             return cached
-        with netns.entered(ctx.ns_fd):
+        with self.host.kernel.entered(ctx.ns_fd):
             lease = dhcp.Client(n.job_if, n.job_mac, plan.job_id, owner=plan.owner).acquire()
         self.host.leases.put(plan.key, lease)
         log.info("job %s got DHCP lease %s/%d from %s for %d s", plan.job_id, lease.address, lease.prefix,
@@ -319,7 +320,7 @@ class DhcpLease(Base):
         try:
             fd = os.open(self.host.netns_path(ctx.key), os.O_RDONLY)
             try:
-                with netns.entered(fd):
+                with self.host.kernel.entered(fd):
                     dhcp.Client(ctx.names.job_if, ctx.names.job_mac, rec.job_id).release(lease)
             finally:
                 os.close(fd)
@@ -338,9 +339,9 @@ class Address(Base):
         assert ctx.net is not None and ctx.profile is not None
         net, cfg, nipr, idx = ctx.net, self.host.cfg, ctx.nipr, ctx.job_idx
         if net.addrs.ipv4:
-            links.add_job_address(nipr, idx, net.addrs.ipv4, net.addrs.ipv4_prefix, net.addrs.gateway4)
+            self.host.kernel.add_job_address(nipr, idx, net.addrs.ipv4, net.addrs.ipv4_prefix, net.addrs.gateway4)
         if net.addrs.ipv6:
-            links.add_job_address6(nipr, idx, net.addrs.ipv6, net.addrs.ipv6_prefix, net.addrs.gateway6)
+            self.host.kernel.add_job_address6(nipr, idx, net.addrs.ipv6, net.addrs.ipv6_prefix, net.addrs.gateway6)
         elif ctx.profile.slaac(net.plan, cfg):
             ipv6, prefix = ipv6auto.wait_for_slaac(nipr, idx, net.plan.job_id, cfg.slaac_timeout)
             ctx.set_net(net.with_addresses(ipv6=ipv6, ipv6_prefix=prefix))
@@ -359,7 +360,8 @@ class Address(Base):
         for address, prefix, gateway in ((job.ipv4, job.ipv4_prefix, job.gateway4),
                                          (job.ipv6, job.ipv6_prefix, job.gateway6)):
             if address:
-                found += links.verify_job_address(ctx.nipr, ctx.job_idx, ctx.names.job_if, address, prefix, gateway)
+                found += self.host.kernel.verify_job_address(ctx.nipr, ctx.job_idx, ctx.names.job_if, address,
+                                                             prefix, gateway)
         return found
 
     def keys(self) -> Iterable[tuple[str, str]]:
@@ -375,8 +377,8 @@ class DnsSteering(Base):
     def add(self, ctx: JobCtx) -> None:
         assert ctx.net is not None and ctx.profile is not None and ctx.profile.mode is not None
         plan = ctx.net.plan
-        dns.setup_job(self.host.dns, ctx.ipr, ctx.profile.mode.host_device, ctx.net.ipv4, ctx.ns_fd,
-                      self.host.netns_path(plan.key), ctx.names.job_if, ctx.job_idx, plan.job_id)
+        self.host.kernel.setup_dns(self.host.dns, ctx.ipr, ctx.profile.mode.host_device, ctx.net.ipv4, ctx.ns_fd,
+                                   self.host.netns_path(plan.key), ctx.names.job_if, ctx.job_idx, plan.job_id)
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
         errors.run("stop the IPv6 DNS relay", dns.dns6.stop_relay, self.host.cfg, self.host.netns_path(ctx.key))
@@ -398,7 +400,7 @@ class Shaping(Base):
             ctx.set_net(net)
             if net.rate_limit_mbit:
                 limit = shaping.limit_for(net.rate_limit_mbit, net.plan.job_id)
-                shaping.apply(ctx.ipr, ctx.host_idx, ctx.nipr, ctx.job_idx, limit, net.plan.job_id)
+                self.host.kernel.apply_shaping(ctx.ipr, ctx.host_idx, ctx.nipr, ctx.job_idx, limit, net.plan.job_id)
                 ctx.rec.shaped = True
                 ctx.save()  # inside the lock: a rebalance reads the records
 
@@ -407,8 +409,8 @@ class Shaping(Base):
             mbit = ctx.rec.plan.get("rate_limit_mbit")
             if not mbit:
                 return []
-            return shaping.verify(ctx.ipr, ctx.host_idx, ctx.names.host_if, ctx.nipr, ctx.job_idx,
-                                  ctx.names.job_if, shaping.limit_for(mbit, ctx.rec.job_id))
+            return self.host.kernel.verify_shaping(ctx.ipr, ctx.host_idx, ctx.names.host_if, ctx.nipr, ctx.job_idx,
+                                                   ctx.names.job_if, shaping.limit_for(mbit, ctx.rec.job_id))
 
 
 class ModeFilter(Base):
@@ -431,14 +433,14 @@ class JobNetnsFilter(Base):
     def add(self, ctx: JobCtx) -> None:
         assert ctx.net is not None and ctx.profile is not None
         plan = ctx.net.plan
-        job_netns.secure(ctx.ns_fd, plan.job_id, block_inbound=not plan.inbound,
-                         dhcpv6_client=ctx.profile.dhcpv6(plan, self.host.cfg))
+        self.host.kernel.secure_job_netns(ctx.ns_fd, plan.job_id, block_inbound=not plan.inbound,
+                                          dhcpv6_client=ctx.profile.dhcpv6(plan, self.host.cfg))
 
     def check(self, ctx: CheckCtx) -> list[Finding]:
         if ctx.ns_fd is None or ctx.profile is None:
             return []
-        return job_netns.verify(ctx.ns_fd, block_inbound=not ctx.job.inbound,
-                                dhcpv6_client=ctx.profile.dhcpv6(ctx.job.plan, self.host.cfg))
+        return self.host.kernel.verify_job_netns(ctx.ns_fd, block_inbound=not ctx.job.inbound,
+                                                 dhcpv6_client=ctx.profile.dhcpv6(ctx.job.plan, self.host.cfg))
 
 
 class SciTags(Base):
@@ -520,7 +522,7 @@ class FirewallAndAccounting(Base):
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
         n, fw = ctx.names, self.host.fw
-        link = ctx.link = errors.run("read the veth counters", links.link_stats, ctx.ipr, n.host_if)
+        link = ctx.link = errors.run("read the veth counters", self.host.kernel.link_stats, ctx.ipr, n.host_if)
         reading = errors.run(f"remove the {fw.name} rules", fw.remove_job, n)
         prof = ctx.recorded_profile(self.host)
         if prof is not None and prof.counts_by_link and link:

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from pyroute2 import IPRoute
 
-from ..kernel import netns
 from ..kernel.drift import Finding, drifted
 from ..plan import JobNetwork
 from .jobnet import JobNetworker
@@ -51,12 +50,12 @@ def verify_job(net: JobNetworker, key: str) -> JobCheck | None:
 
 def _verify(net: JobNetworker, key: str, inode: int, job_id: str) -> list[Finding]:
     path = net.netns_path(key)
-    named = netns.verify_named(path, inode)
+    named = net.kernel.verify_netns(path, inode)
     if named.drifted:  # nothing inside it can be read by its name
         return [named, *_verify_network(net, key, None, None)]
     ns_fd = os.open(path, os.O_RDONLY)
     try:
-        with netns.netlink_in(ns_fd) as nipr:
+        with net.kernel.netlink_in(ns_fd) as nipr:
             return [named, *_verify_network(net, key, ns_fd, nipr)]
     finally:
         os.close(ns_fd)
@@ -69,7 +68,7 @@ def _verify_network(net: JobNetworker, key: str, ns_fd: int | None, nipr: IPRout
     if not job.has_network:
         return []   # NetworkType none: the namespace with lo up, nothing else
     profile = net.profiles.get(job.network_type)
-    with IPRoute() as ipr:
+    with net.kernel.host_netlink() as ipr:
         ctx = CheckCtx(key, net.names(key), rec, job, profile, ipr, nipr, ns_fd)
         # A mode no longer offered: what every networked job has is still checked (its attach step says why
         # the rest is not).

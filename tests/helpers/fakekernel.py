@@ -1,8 +1,9 @@
 """An in-memory kernel for unit tests of the orchestration (jobnet, sweep, daemon dispatch).
 
-The way Kubernetes tests its nftables code against a fake: every kernel call that jobnet makes (netns, links,
-shaping, the in-namespace filter, the attach mode and the firewall driver) changes a set of named objects here
-instead of the kernel, and any step can be told to fail. The address pools stay real (lock files in a temp dir),
+The way Kubernetes tests its nftables code against a fake: every kernel call that jobnet makes (the operations of
+lark/kernel/ops.py's KernelOps, the attach mode and the firewall driver) changes a set of named objects here
+instead of the kernel, and any step can be told to fail. All three are given to the JobNetworker (injection, no
+patching of lark's modules). The address pools stay real (lock files in a temp dir),
 so a test also sees whether addresses were given back.
 """
 from __future__ import annotations
@@ -12,10 +13,6 @@ import os
 from types import SimpleNamespace
 
 from lark.config import Config
-from lark.daemon import jobnet as jobnet_mod
-from lark.daemon import resources as resources_mod
-from lark.daemon import sweep as sweep_mod
-from lark.daemon import verify as verify_mod
 from lark.daemon.jobnet import JobNetworker
 from lark.daemon.records import FinishedStore, RecordStore
 from lark.kernel.accounting import Accountant
@@ -25,6 +22,7 @@ from lark.kernel.attach.nat import NatMode
 from lark.kernel.attach.ovs import OvsMode
 from lark.kernel.drift import Finding, drifted, present
 from lark.kernel.firewall.base import Counters, Firewall
+from lark.kernel.ops import KernelOps
 from lark.names import JobNames
 
 
@@ -167,11 +165,34 @@ FAKE_MODES: dict[str, type] = {"nat": FakeMode, "bridge": FakeBridgeMode, "ovs_b
 BRIDGED_CONFIG = {"bridge_range": "192.0.2.10-192.0.2.12", "bridge_gateway": "192.0.2.1", "bridge_prefix": 24}
 
 
-def _fake_netns(k: FakeKernel) -> SimpleNamespace:
+class FakeNetlink:
+    """A netlink socket on the fake kernel: a context manager whose host end of every veth has index 7."""
+
+    def __enter__(self) -> FakeNetlink:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def link_lookup(self, ifname: str) -> list[int]:
+        return [7]
+
+
+def fake_kernel_ops(k: FakeKernel) -> KernelOps:
+    """Every operation of lark/kernel/ops.py's KernelOps on the fake kernel (what JobNetworker is given)."""
     def attach(pid: int, path: str, expect_inode: int | None = None) -> None:
         k.step("netns.attach")
         open(path, "w").close()  # jobnet opens the name; a plain file serves for the fake
         k.objects.add(("netns", os.path.basename(path)))
+
+    def create(path: str) -> int:
+        k.step("netns.create")
+        open(path, "w").close()
+        k.objects.add(("netns", os.path.basename(path)))
+        return os.stat(path).st_ino
 
     def detach(path: str) -> bool:
         k.step("netns.detach")
@@ -196,12 +217,6 @@ def _fake_netns(k: FakeKernel) -> SimpleNamespace:
         what = f"netns {os.path.basename(path)}"
         return present(what) if ("netns", os.path.basename(path)) in k.objects else drifted(what, "gone", "netns")
 
-    return SimpleNamespace(attach=attach, detach=detach, netlink_in=netlink_in, entered=entered,
-                           list_named=list_named, write_sysctl_in=lambda fd, key, value: k.step("sysctl"),
-                           verify_named=verify_named)
-
-
-def _fake_links(k: FakeKernel) -> SimpleNamespace:
     def create_veth(ipr, host_if, job_if, ns_fd, job, job_mac=None, mtu=None) -> None:
         k.step("links.create_veth")
         k.objects.add(("link", host_if))
@@ -229,41 +244,36 @@ def _fake_links(k: FakeKernel) -> SimpleNamespace:
             return [drifted(f"veth {host_if}", "gone", "veth")], None, None
         return [present(f"veth {host_if}")], 7, 2
 
-    return SimpleNamespace(create_veth=create_veth, delete_link=delete_link, link_stats=link_stats,
-                           verify_veth=verify_veth, verify_job_address=lambda *a: [present(f"address {a[3]}")],
-                           bring_up_job_side=lambda nipr, name: k.step("links.bring_up") or 2,
-                           add_job_address=add_job_address,
-                           add_job_address6=lambda *a: k.step("links.add_job_address6"), list_links=list_links)
+    return KernelOps(
+        host_netlink=FakeNetlink,
+        create_netns=create, attach_netns=attach, detach_netns=detach,
+        is_mounted_netns=lambda path: ("netns", os.path.basename(path)) in k.objects,
+        list_netns=list_named, verify_netns=verify_named, netlink_in=netlink_in, entered=entered,
+        write_sysctl_in=lambda fd, key, value: k.step("sysctl"),
+        create_veth=create_veth, delete_link=delete_link, list_links=list_links, link_stats=link_stats,
+        bring_up_job_side=lambda nipr, name: k.step("links.bring_up") or 2,
+        add_job_address=add_job_address, add_job_address6=lambda *a: k.step("links.add_job_address6"),
+        verify_veth=verify_veth, verify_job_address=lambda *a: [present(f"address {a[3]}")],
+        job_mtu=lambda ipr, cfg, mode: cfg.job_mtu or 1500,
+        apply_shaping=lambda *a: k.step("shaping.apply"), verify_shaping=lambda *a: [present("tc htb")],
+        secure_job_netns=lambda *a, **kw: k.step("job_netns.secure"),
+        verify_job_netns=lambda *a, **kw: [present("job netns filter")],
+        setup_dns=lambda *a: k.step("dns.setup_job"))
 
 
-def fake_networker(tmp: str, monkeypatch, modes: tuple[str, ...] = ("nat",),
+def fake_networker(tmp: str, monkeypatch=None, modes: tuple[str, ...] = ("nat",),
                    **cfg_overrides) -> tuple[JobNetworker, FakeKernel]:
     """A JobNetworker whose kernel is a FakeKernel: real records, pools and accounting in `tmp`; one fake attach
-    mode per name in `modes` (nat, bridge, ovs_bridge)."""
+    mode per name in `modes` (nat, bridge, ovs_bridge). Nothing is patched: the fake kernel operations, firewall
+    and modes are given to the JobNetworker (`monkeypatch` is accepted for the callers that pass it)."""
     k = FakeKernel()
     if set(modes) - {"nat"}:
         cfg_overrides = {**BRIDGED_CONFIG, **cfg_overrides}
     cfg = Config(run_dir=os.path.join(tmp, "run"), state_dir=os.path.join(tmp, "state"),
                  netns_dir=os.path.join(tmp, "netns"), subnet="10.77.0.0/29", **cfg_overrides).validate()
     os.makedirs(cfg.netns_dir)
-    fake_netns, fake_links = _fake_netns(k), _fake_links(k)
-    for mod in (jobnet_mod, resources_mod, sweep_mod, verify_mod):
-        for name, fake in (("netns", fake_netns), ("links", fake_links)):
-            if hasattr(mod, name):
-                monkeypatch.setattr(mod, name, fake)
-    for mod in (sweep_mod, verify_mod, resources_mod):
-        if hasattr(mod, "IPRoute"):
-            monkeypatch.setattr(mod, "IPRoute", contextlib.nullcontext)
-    monkeypatch.setattr(resources_mod.shaping, "verify", lambda *a: [present("tc htb")])
-    monkeypatch.setattr(resources_mod.job_netns, "verify", lambda *a, **kw: [present("job netns filter")])
-    monkeypatch.setattr(resources_mod.shaping, "apply", lambda *a: k.step("shaping.apply"))
-    monkeypatch.setattr(resources_mod.job_netns, "secure", lambda *a, **kw: k.step("job_netns.secure"))
-    monkeypatch.setattr(resources_mod, "mtu",
-                        SimpleNamespace(for_job=lambda ipr, cfg, network_type: cfg.job_mtu or 1500))
-    monkeypatch.setattr(resources_mod.dns, "setup_job", lambda *a: k.step("dns.setup_job"))
     fw = FakeFirewall(cfg, k)
     net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
-                       FinishedStore(os.path.join(cfg.state_dir, "finished")))
+                       FinishedStore(os.path.join(cfg.state_dir, "finished")), kernel=fake_kernel_ops(k))
     net.modes = {name: FAKE_MODES[name](cfg, k) for name in modes}
-    monkeypatch.setattr(net, "_host_netlink", lambda: SimpleNamespace(link_lookup=lambda ifname: [7]))
     return net, k

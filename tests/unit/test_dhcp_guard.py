@@ -1,6 +1,7 @@
 """Issue 23 item 12: only larkd's DHCP messages leave a job's netns (the attacks: tests/integration/
 test_dhcp_release.py). Here: every job netns gets the guard, whatever its inbound setting, and larkd's own socket
 carries the mark the guard lets through."""
+import dataclasses
 import os
 import socket
 
@@ -23,7 +24,7 @@ def test_the_guard_is_in_the_job_netns_table_with_and_without_the_inbound_filter
 def test_setup_puts_the_guard_in_every_job_netns_inbound_or_not(tmp_path, monkeypatch):
     net, _ = fake_networker(str(tmp_path), monkeypatch)
     seen: list[tuple[str, dict]] = []
-    monkeypatch.setattr(job_netns, "secure", lambda fd, job, **kw: seen.append((job, kw)))
+    net.kernel = dataclasses.replace(net.kernel, secure_job_netns=lambda fd, job, **kw: seen.append((job, kw)))
     for key, inbound in (("slot1", True), ("slot2", False)):
         net.setup(NetworkPlan(job_id=f"{key}.0", slot=key, key=key, inbound=inbound), os.getpid(), 1, os.getpid(),
                   99)
