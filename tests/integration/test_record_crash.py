@@ -20,12 +20,12 @@ EMPTY = {"netns": [], "links": [], "fw": [], "elements": [], "locks": [], "recor
 # In the fake host's netns: larkd's own JobNetworker on the host's configuration, one NAT job with a limit, the
 # process killed (exit 9, nothing undone) right after the named step returns.
 CRASH = r"""
-import os, sys
+import dataclasses, os, sys
 from lark import config
 from lark.daemon import peercred
 from lark.daemon.jobnet import JobNetworker
 from lark.daemon.records import FinishedStore, RecordStore
-from lark.kernel import ipam, links, netns, shaping
+from lark.kernel import ipam, netns
 from lark.kernel.accounting import Accountant
 from lark.kernel.firewall import make_firewall
 from lark.plan import NetworkPlan
@@ -43,10 +43,14 @@ def crash_after(obj, name):
     def then_die(*a, **k):
         out = real(*a, **k)
         os._exit(9)
-    setattr(obj, name, then_die)
+    if obj is net.kernel:   # the kernel operations are given to the JobNetworker (lark/kernel/ops.py)
+        net.kernel = dataclasses.replace(net.kernel, **{name: then_die})
+    else:
+        setattr(obj, name, then_die)
 
-targets = {"reservations": (ipam.LockPool, "reserve"), "veth": (links, "create_veth"),
-           "attach": (net.modes["nat"], "attach"), "shaping": (shaping, "apply"), "firewall": (fw, "add_job")}
+targets = {"reservations": (ipam.LockPool, "reserve"), "veth": (net.kernel, "create_veth"),
+           "attach": (net.modes["nat"], "attach"), "shaping": (net.kernel, "apply_shaping"),
+           "firewall": (fw, "add_job")}
 crash_after(*targets[step])
 me = os.getpid()
 net.setup(NetworkPlan(job_id="9.0", slot="slot1", key="slot1", network_type="nat", rate_limit_mbit=50.0,
