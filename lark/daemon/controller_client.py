@@ -17,32 +17,56 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
 from ..config import Config
 from ..errors import LarkError
+from ..kernel.attach import MODE_CLASSES
 from ..names import JobNames
 from ..plan import JobNetwork
 from .records import RecordStore
 
 log = logging.getLogger(__name__)
-BRIDGED_TYPES = ("bridge", "ovs_bridge")   # NAT jobs share the EP's address: the core switch cannot tell them apart
 HEALTH_INTERVAL = 1.0   # seconds between health polls of each controller: a restart or a return is noticed this fast
 RETRY_GAP = 0.25        # a controller that failed is tried by a request at most this often; else it fails at once
 NET_ERRORS = (OSError, ssl.SSLError, http.client.HTTPException)
 
 
-def registration(plan: JobNetwork | dict, mac: str) -> dict:
+class ModeTraits(Protocol):
+    """What the client asks of a job's network type (lark/daemon/profiles.py's Profile answers it; the attach mode
+    decides): only bridged jobs register (NAT jobs share the EP's address: the core switch cannot tell them apart),
+    and only a mode that tags labels says its job is `tagged`."""
+    @property
+    def bridged(self) -> bool: ...
+    @property
+    def tags_labels(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ClassTraits:
+    """An attach mode's traits read from its class (for a client made without a JobNetworker's profiles)."""
+    bridged: bool
+    tags_labels: bool
+
+
+def builtin_traits(network_type: str) -> ModeTraits | None:
+    """The traits of lark/kernel/attach's own modes, by network type (None: not one of them, e.g. `none`)."""
+    cls = MODE_CLASSES.get(network_type)
+    return ClassTraits(cls.bridged, cls.tags_labels) if cls is not None else None
+
+
+def registration(plan: JobNetwork | dict, mac: str, tagged: bool = False) -> dict:
     p = plan if isinstance(plan, dict) else plan.to_dict()  # a JobNetwork: the plan and its addresses
     return {"key": p["key"], "job_id": p["job_id"], "owner": p.get("owner", ""),
             "accounting_group": p.get("accounting_group", ""),
             "addresses": [a for a in (p.get("ipv4"), p.get("ipv6")) if a], "mac": mac,
             "vlan": p.get("vlan") if isinstance(p.get("vlan"), int) else None,
             "request_bandwidth_mbit": p.get("request_bandwidth_mbit") or 0.0, "attrs": p.get("job_attrs") or {},
-            # only OVS mode tags a job's frames with a label-scheme controller's label (issue 26); a Linux-bridge job
-            # leaves untagged, so the controller gives it per-job flows on the core instead of a label
-            "tagged": p.get("network_type") == "ovs_bridge"}
+            # only a mode that tags labels (OVS) tags a job's frames with a label-scheme controller's label (issue
+            # 26); a Linux-bridge job leaves untagged, so the controller gives it per-job flows on the core instead
+            "tagged": tagged}
 
 
 def controller_urls(cfg: Config) -> list[str]:
@@ -188,9 +212,12 @@ class _Lane:
 
 
 class ControllerClient:
-    def __init__(self, cfg: Config, records: RecordStore):
+    def __init__(self, cfg: Config, records: RecordStore,
+                 traits: Callable[[str], ModeTraits | None] = builtin_traits):
+        """`traits`: a network type's traits (JobNetworker passes its profiles'; a new mode needs no change here)."""
         self.cfg = cfg
         self.records = records
+        self.traits = traits
         self.enabled = bool(cfg.controller_url)
         self._ctx: ssl.SSLContext | None = None
         self._stop = threading.Event()
@@ -247,11 +274,12 @@ class ControllerClient:
         """Returns once a controller has acknowledged the job's flows, with its answer (the policies that chose the
         job: `blocked_by`, `wan_drop`, ...); on failure refuses the job (closed) or logs a warning (open) and
         returns {}."""
-        if not self.enabled or plan.network_type not in BRIDGED_TYPES or not (plan.ipv4 or plan.ipv6):
+        traits = self.traits(plan.network_type)
+        if not self.enabled or traits is None or not traits.bridged or not (plan.ipv4 or plan.ipv6):
             return {}
         with self._lock:
             self._registered.add(plan.key)
-        sent = self._fan_out("POST", "/v1/jobs", registration(plan, mac))
+        sent = self._fan_out("POST", "/v1/jobs", registration(plan, mac, traits.tags_labels))
         pending = {f for _, f in sent}
         limit = 2 * self.cfg.controller_timeout + 1.0
         deadline = time.monotonic() + limit
@@ -302,9 +330,10 @@ class ControllerClient:
         out = []
         for rec in self.records.all():
             live = rec.phase == "ready" or (rec.phase == "setting-up" and rec.key in self._registered)
-            if live and rec.plan.get("network_type") in BRIDGED_TYPES and (
-                    rec.plan.get("ipv4") or rec.plan.get("ipv6")):
-                out.append(registration(rec.plan, JobNames(rec.key, self.cfg.netns_prefix).job_mac))
+            traits = self.traits(rec.plan.get("network_type", ""))
+            if live and traits is not None and traits.bridged and (rec.plan.get("ipv4") or rec.plan.get("ipv6")):
+                out.append(registration(rec.plan, JobNames(rec.key, self.cfg.netns_prefix).job_mac,
+                                        traits.tags_labels))
         return out
 
     def sync(self) -> bool:

@@ -58,7 +58,8 @@ class JobNetworker:
         self._local = threading.local()
         self.mac_seed = host_mac_seed(cfg.job_mac_seed)
         set_process_mac_seed(self.mac_seed)
-        self.controller = ControllerClient(cfg, records)
+        # Whether a network type registers (bridged) and is tagged: its profile's answer, i.e. its attach mode's.
+        self.controller = ControllerClient(cfg, records, traits=lambda network_type: self.profiles.get(network_type))
         self.fair = FairShare(cfg.fair_share_floor_mbit)
         self._fireflies: FireflyReporter | None = None
         self._profiles: tuple[dict, dict[str, Profile]] | None = None

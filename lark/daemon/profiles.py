@@ -36,6 +36,11 @@ class Profile:
         return self.mode is not None and self.mode.bridged
 
     @property
+    def tags_labels(self) -> bool:
+        """Its mode tags the job's frames with a label-scheme controller's label (issue 26)."""
+        return self.mode is not None and self.mode.tags_labels
+
+    @property
     def firewall_rules(self) -> str:
         """The host firewall's rule set for its jobs (its attach mode's)."""
         assert self.mode is not None, "a job without a network has no host firewall rules"

@@ -9,6 +9,9 @@ from .bridge import BridgeMode
 from .nat import NatMode
 from .ovs import OvsMode
 
+# The attach modes this package has, by network type (make_modes makes those the configuration offers).
+MODE_CLASSES: dict[str, type[AttachMode]] = {"nat": NatMode, "bridge": BridgeMode, "ovs_bridge": OvsMode}
+
 
 def available_types(cfg: Config) -> list[str]:
     """The network types this machine's configuration offers, without touching anything."""

@@ -19,6 +19,7 @@ class AttachMode(abc.ABC):
     name = "abstract"
     bridged = False        # True: the job is a station on a shared L2 network (needs its own MAC)
     counts_by_link = False  # True: traffic bypasses netfilter; the accountant reads the veth's counters
+    tags_labels = False    # True: it tags the job's frames with a label-scheme controller's label (apply_label)
     firewall_rules = ROUTED  # the host firewall's rule set for its jobs (lark/kernel/firewall/base.py)
 
     def __init__(self, cfg: Config):

@@ -130,6 +130,7 @@ def uplink_guard_flows(uplink: str, dns_address: str) -> list[str]:
 class OvsMode(BridgedMode):
     name = "ovs_bridge"
     counts_by_link = True
+    tags_labels = True
     firewall_rules = SWITCHED
 
     def __init__(self, cfg):
