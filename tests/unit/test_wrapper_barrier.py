@@ -38,15 +38,15 @@ class FakeLarkd:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(self.path))
         self.sock.listen(8)
-        self.thread = threading.Thread(target=self.serve, daemon=True)
+        # The socket itself, not self.sock: stop() may clear that before this thread first runs.
+        self.thread = threading.Thread(target=self.serve, args=(self.sock,), daemon=True)
         self.thread.start()
         return self
 
-    def serve(self) -> None:
-        assert self.sock is not None
+    def serve(self, sock: socket.socket) -> None:
         while True:
             try:
-                conn, _ = self.sock.accept()
+                conn, _ = sock.accept()
             except OSError:
                 return
             with conn:
