@@ -6,10 +6,16 @@ import json
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from .config import load
 from .errors import DaemonUnreachable, LarkError
 from .job.client import call
+
+if TYPE_CHECKING:   # the daemon and kernel modules are imported where a command needs them
+    from .daemon.jobnet import JobNetworker
+    from .daemon.sandbox import SandboxLimiter
+    from .kernel.firewall.base import Firewall
 
 log = logging.getLogger("lark")
 
@@ -80,6 +86,10 @@ def cmd_gc(args) -> int:
         print(f"{verb} {a}")
     if not actions:
         print("nothing to remove")
+    if any("(incomplete" in a for a in actions):
+        print("lark gc: some objects were not removed (see 'incomplete' above); fix the cause and run it again",
+              file=sys.stderr)
+        return 1
     if purge_refused:
         # larkd swept its orphans; the shared objects (base rules, the sandbox limiter's table and cgroup parent)
         # are its own while it runs.
@@ -87,6 +97,25 @@ def cmd_gc(args) -> int:
               "e.g. `condor_off -daemon LARKD`, then run `lark gc --purge` again)", file=sys.stderr)
         return 1
     return 0
+
+
+def _purge_steps(fw: Firewall, sandbox: SandboxLimiter, net: JobNetworker) -> list[str]:
+    """`lark gc --purge`'s shared objects, each step on past the others' errors (a failure is an action that
+    says "incomplete", which makes gc exit 1)."""
+    def base() -> list[str]:
+        fw.destroy_base()
+        return [f"base {fw.name} objects"]
+
+    def dns() -> list[str]:
+        return ["DNS forwarder"] if net.dns.stop() else []
+
+    actions: list[str] = []
+    for what, step in (("base firewall objects", base), ("sandbox limiter", sandbox.purge), ("DNS forwarder", dns)):
+        try:
+            actions += step()
+        except (LarkError, OSError) as e:
+            actions.append(f"{what} (incomplete: {e})")
+    return actions
 
 
 def _offline_gc(args) -> list[str]:
@@ -108,11 +137,7 @@ def _offline_gc(args) -> list[str]:
         sandbox = SandboxLimiter(cfg)
         actions = sweep(net, live_record_keys(net), args.dry_run, sandbox=sandbox)
         if args.purge and not args.dry_run and not net.records.keys():
-            fw.destroy_base()
-            actions.append(f"base {fw.name} objects")
-            actions += sandbox.purge()
-            if net.dns.stop():
-                actions.append("DNS forwarder")
+            actions += _purge_steps(fw, sandbox, net)
         return actions
     finally:
         os.close(lock)

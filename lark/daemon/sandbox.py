@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,6 +83,9 @@ class SandboxLimiter:
         self.cg2 = cgroup2_mount() if cg2 is None else (cg2 or None)   # "": none (tests)
         self.nft_root = nft_root
         self.table = f"{cfg.nft_table}_sandbox"
+        # limit() (after the slot ad came) and remove() (the starter exited) may run at once in two workers: one
+        # at a time, so policers are never added after their starter's removal listed the rules.
+        self.lock = threading.Lock()
 
     # -- where ---------------------------------------------------------------------------------------
     def unavailable(self) -> str | None:
@@ -138,8 +142,19 @@ class SandboxLimiter:
                             fix="slot names are letters, digits and _.@-")
         if mbit <= 0:
             raise LarkError(f"Bandwidth {mbit:g} is not a limit", obj=f"slot {slot}", fix="a positive Mbit/s")
+        with self.lock:
+            self._limit(s, slot, mbit)
+
+    def _limit(self, s: Starter, slot: str, mbit: float) -> None:
+        if not os.path.isdir(self.cgroup_dir(s)):
+            log.info("sandbox transfer of slot %s (starter pid %d) not limited: its starter is gone", slot, s.pid)
+            return
         self._ensure_table()
-        self._delete_rules(s, [])
+        errors: list[str] = []
+        self._delete_rules(s, errors)
+        if errors:   # else a second pair of policers would join the first
+            raise LarkError(f"cannot replace the sandbox policers of starter pid {s.pid}: {'; '.join(errors)}",
+                            obj=f"nft table inet {self.table}", fix="lark gc (as root), then restart the job")
         rate = max(1, int(mbit * 1e6 / 8))
         burst = max(MIN_BURST, int(rate * BURST_SECONDS))
         path, level = self._nft_path(s)
@@ -152,6 +167,10 @@ class SandboxLimiter:
     # -- remove --------------------------------------------------------------------------------------
     def remove(self, s: Starter) -> list[str]:
         """Rules first (their cgroup id would dangle), then the cgroup. Goes on past errors; returns them."""
+        with self.lock:
+            return self._remove(s)
+
+    def _remove(self, s: Starter) -> list[str]:
         errors: list[str] = []
         self._delete_rules(s, errors)
         path = self.cgroup_dir(s)
@@ -234,8 +253,10 @@ class SandboxLimiter:
     def purge(self) -> list[str]:
         """`lark gc --purge`: the shared objects, once no live starter holds anything: the nft table and the
         cgroups' parent (an uninstall, or a test bed's stop, leaves nothing in the machine's cgroup tree)."""
-        if self.live():
-            return []
+        live = self.live()
+        if live:
+            return [f"nft table inet {self.table} and cgroup {self.parent} (kept: {len(live)} live starter(s) "
+                    f"limited, e.g. pid {live[0].pid})"]
         actions = []
         rc, _, err = self.nft(f"delete table inet {self.table}")
         if rc == 0:

@@ -108,9 +108,12 @@ def create(glob: list[str], args: list[str]) -> int:
         answer = client.call_patiently("docker_setup", wait=LARKD_WAIT_S, timeout=LARKD_TIMEOUT_S, container=cid,
                                        pid=pid)
     except (LarkError, OSError) as e:
-        subprocess.run([runc, *glob, "delete", "--force", cid], close_fds=False, stdout=subprocess.DEVNULL)
+        deleted = subprocess.run([runc, *glob, "delete", "--force", cid], close_fds=False,
+                                 stdout=subprocess.DEVNULL).returncode
+        left = "" if deleted == 0 else (f"; runc delete --force {cid} failed ({deleted}): the created container "
+                                        "stays until dockerd removes it")
         log_error(glob, f"Lark: the docker job's network could not be set up, so it does not run: "
-                        f"{' '.join(str(e).split())}")
+                        f"{' '.join(str(e).split())}{left}")
         return EXIT_REFUSED
     plan = answer.get("plan") or {}
     log.info("container %s: network %s %s", cid[:12], plan.get("network_type"), plan.get("ipv4") or "-")

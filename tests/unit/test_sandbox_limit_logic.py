@@ -214,7 +214,9 @@ def test_purge_removes_the_table_and_the_parent_only_when_no_live_starter_holds_
     lim = _limiter(tmp_path, nft)
     live = Starter(ME, start_time(ME))
     os.makedirs(lim.cgroup_dir(live))
-    assert lim.purge() == [] and nft.cmds == ["list table inet lark_sandbox"]  # this process is a live "starter"
+    kept = lim.purge()   # this process is a live "starter": nothing goes, and purge says why
+    assert kept == [f"nft table inet lark_sandbox and cgroup {lim.parent} (kept: 1 live starter(s) limited, e.g. "
+                    f"pid {ME})"] and nft.cmds == ["list table inet lark_sandbox"]
     os.rmdir(lim.cgroup_dir(live))
     gone = Starter(ME, start_time(ME) + 1)   # same pid, another start: a starter that is gone
     os.makedirs(lim.cgroup_dir(gone))
@@ -222,3 +224,35 @@ def test_purge_removes_the_table_and_the_parent_only_when_no_live_starter_holds_
     os.rmdir(lim.cgroup_dir(gone))
     assert lim.purge()[-1] == f"cgroup {lim.parent}" and not os.path.exists(lim.parent)
     assert lim.purge() == ["nft table inet lark_sandbox"]   # again: nothing left to remove but what nft says
+
+
+def test_limit_adds_nothing_for_a_starter_whose_removal_came_first(tmp_path):
+    """The policers come after the slot ad, in the background; the starter may have exited and been removed by
+    then. Its cgroup is gone: no rule is added that nothing would remove."""
+    nft = FakeNft()
+    lim = _limiter(tmp_path, nft)
+    gone = Starter(ME, start_time(ME) + 1)
+    assert lim.remove(gone) == []
+    lim.limit(gone, "slot1_1", 20)
+    assert not [c for c in nft.cmds if "add rule" in c]
+
+
+def test_limit_refuses_to_add_a_second_pair_when_the_first_cannot_be_deleted(tmp_path):
+    class StuckNft(FakeNft):
+        def __call__(self, cmd: str):
+            self.cmds.append(cmd)
+            if cmd.startswith("list "):
+                s = Starter(ME, start_time(ME))
+                rule = {"rule": {"chain": "sandbox_out", "handle": 7,
+                                 "comment": f"lark sandbox starter {s.pid} start {s.start} slot slot1_1"}}
+                return 0, json.dumps({"nftables": [rule]}), ""
+            if cmd.startswith("delete rule"):
+                return 1, "", "Error: Could not process rule: Device or resource busy"
+            return 0, "", ""
+    nft = StuckNft()
+    lim = _limiter(tmp_path, nft)
+    s = Starter(ME, start_time(ME))
+    os.makedirs(lim.cgroup_dir(s))
+    with pytest.raises(LarkError, match="cannot replace the sandbox policers of starter pid"):
+        lim.limit(s, "slot1_1", 20)
+    assert not [c for c in nft.cmds if "add rule" in c]
