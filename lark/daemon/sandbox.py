@@ -98,6 +98,20 @@ class SandboxLimiter:
                     f"`socket cgroupv2` paths")
         return None
 
+    def moves_job_cgroups(self) -> str | None:
+        """Why moving a starter here would move its jobs' cgroups too (None: it would not).
+
+        Where HTCondor itself runs on cgroup v2 (a pure v2 host: cgroup.procs at the root of /sys/fs/cgroup, the
+        test of its ProcFamilyDirectCgroupV2::has_cgroup_v2), the starter makes each job's cgroup under the parent
+        of its own cgroup (current_parent_cgroup()). A starter moved into <sandbox_cgroup>/starter-* would put its
+        jobs' cgroups under <sandbox_cgroup>, out of HTCondor's tree and without the controllers their memory and
+        CPU limits need. On hybrid hosts HTCondor uses cgroup v1 and the unified tree holds no job cgroup."""
+        if os.path.exists(os.path.join(self.nft_root, "cgroup.procs")):
+            return ("this is a pure cgroup v2 host, where HTCondor puts each job's cgroup next to its starter's: "
+                    "moving the starter into a cgroup of Lark's would take its jobs' cgroups out of HTCondor's tree "
+                    "(not supported yet)")
+        return None
+
     @property
     def parent(self) -> str:
         return os.path.join(self.cg2 or "", self.cfg.sandbox_cgroup)

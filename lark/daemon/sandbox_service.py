@@ -37,6 +37,7 @@ class SandboxService:
         self.setup_pool = setup_pool    # cgroup and nft changes: in larkd's setup workers, like a job's network
         self.spawn = spawn
         self.limiter = SandboxLimiter(cfg)
+        self.said_unsafe = False   # the pure cgroup v2 refusal is logged once, not at every starter
         self.watches: dict[Starter, int] = {}  # starter whose sandbox transfer is limited -> its pidfd
         # The startd may take a while to answer for the slot ad: never in the setup workers.
         self.ads_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="lark-sandbox")
@@ -47,6 +48,12 @@ class SandboxService:
         (in the background: the starter does not wait for the startd)."""
         if not self.cfg.sandbox_limit:
             return protocol.ok(limited=False, reason="LARK_SANDBOX_LIMIT is false")
+        unsafe = self.limiter.moves_job_cgroups()
+        if unsafe:   # the starter starts unlimited (as with the knob off), its jobs' cgroups where HTCondor puts them
+            if not self.said_unsafe:
+                log.warning("sandbox transfers not limited: %s", unsafe)
+                self.said_unsafe = True
+            return protocol.ok(limited=False, reason=unsafe)
         if not isinstance(slot, str) or not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
             raise LarkError("sandbox_limit needs the slot name and the starter's argv", obj=f"pid {who.pid}",
                             fix="lark-starter sends both; install the same Lark for larkd and lark-starter")

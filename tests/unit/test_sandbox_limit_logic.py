@@ -256,3 +256,18 @@ def test_limit_refuses_to_add_a_second_pair_when_the_first_cannot_be_deleted(tmp
     with pytest.raises(LarkError, match="cannot replace the sandbox policers of starter pid"):
         lim.limit(s, "slot1_1", 20)
     assert not [c for c in nft.cmds if "add rule" in c]
+
+
+def test_on_a_pure_cgroup_v2_host_the_starter_is_not_moved(tmp_path, monkeypatch, caplog):
+    """HTCondor on cgroup v2 makes each job's cgroup under the parent of its starter's: a starter moved into
+    lark.sandbox/ would take its jobs' cgroups out of HTCondor's tree. The starter starts unlimited, told why."""
+    d = _daemon(tmp_path, monkeypatch)
+    d.sandbox.limiter = _limiter(tmp_path)
+    assert d.sandbox.limiter.moves_job_cgroups() is None   # a hybrid host's /sys/fs/cgroup has no cgroup.procs
+    (tmp_path / "cgroup.procs").write_text("")             # nft_root (tmp_path) is now a pure v2 root
+    caplog.set_level("WARNING")
+    for _ in range(2):
+        a = json.loads(_run(d, lambda: d.dispatch({"op": "sandbox_limit", "slot": "slot1_1", "argv": []}, ROOT)))
+        assert a["ok"] and a["limited"] is False and "pure cgroup v2 host" in a["reason"]
+    assert os.listdir(tmp_path / "cg") == []
+    assert caplog.text.count("sandbox transfers not limited: this is a pure cgroup v2 host") == 1
