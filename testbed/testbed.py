@@ -370,6 +370,7 @@ def start() -> None:
     state["master_pid"] = master.pid
     save_state(state)
     wait_for_slot()
+    remove_leftover_jobs()
     log.info("testbed up: EP netns %s (uplink %s), world %s (%s: http :8000, iperf3 :5201)", HOST_NS, HOST_IP,
              WORLD_NS, WORLD_IP)
 
@@ -510,6 +511,27 @@ def wait_for_slot(timeout: float = 90) -> None:
             return
         time.sleep(1)
     raise SystemExit(f"testbed: no slot with job networking after {timeout:.0f} s; see {ROOT}/var/log/condor")
+
+
+def remove_leftover_jobs(timeout: float = 90) -> None:
+    """Remove every job the persistent queue kept from an earlier, interrupted session, and wait until larkd has
+    none. Such jobs run again at each start (the shipped periodic release frees held ones) and take slots and
+    larkd records from this session's tests (a CI run failed on one: 'larkd still has jobs')."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = run(in_root(["condor_q", "-all", "-af", "ClusterId", "ProcId"]), check=False)
+        jobs = run(in_root(["lark", "status", "--json"]), check=False)
+        if left.returncode == 0 and not left.stdout.strip() and jobs.returncode == 0 and \
+                not json.loads(jobs.stdout or "[]"):
+            return
+        if left.returncode == 0 and left.stdout.strip():
+            log.warning("testbed: removing jobs an earlier session left in the queue: %s",
+                        ", ".join(".".join(line.split()) for line in left.stdout.splitlines()))
+            run(in_root(["condor_rm", "-all"]), check=False)
+            run(in_root(["condor_rm", "-forcex", "-all"]), check=False)   # those already being removed
+        time.sleep(1)
+    raise SystemExit(f"testbed: jobs or job networks left from an earlier session after {timeout:.0f} s; see "
+                     f"condor_q -all and lark status in {ROOT}")
 
 
 def _wait_gone(pid: int, timeout: float) -> bool:
