@@ -57,7 +57,7 @@ def test_a_session_runs_in_the_jobs_namespace_as_its_user_without_capabilities(f
     assert answers[1] == {"lark": 1, "ok": True, "exit_code": 7}, answers
     session = next(line for line in out.splitlines() if line.startswith("SESSION"))
     fields = dict(part.split("=", 1) for part in session.split()[1:] if "=" in part)
-    job_ns = next(json.loads(line)["netns"] for line in out.splitlines() if line.startswith('{"step": "netns"'))
+    job_ns = results(out)["netns"][-1]["netns"]
     assert fields["netns"] == job_ns and fields["uid"] == "65534", session
     assert "CapEff:0000000000000000" in session and "NoNewPrivs:1" in session, session
     assert session.endswith(f"args=-i -e -f {session_config('1')}"), session
