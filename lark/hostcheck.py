@@ -264,8 +264,7 @@ def unwrapped_plugins(run: Runner) -> list[str]:
 def sandbox_transfer(run: Runner) -> str:
     """What LARK_SANDBOX_LIMIT does here: the sandbox (starter <-> shadow) limited to the slot's Bandwidth when it is
     on (its default), lark-starter is the STARTER (it asks larkd) and cgroup v2 is mounted (lark/daemon/sandbox.py)."""
-    from .config import Config
-    from .daemon.sandbox import SandboxLimiter, cgroup2_mount
+    from .daemon.sandbox import cgroup2_mount, job_cgroups_follow_the_starter
     counted = "HTCondor counts it in BytesRecvd / BytesSent"
     if not condor_true(condor_param(run, "LARK_SANDBOX_LIMIT") or "true"):
         return f"sandbox transfer to and from the shadow not limited (LARK_SANDBOX_LIMIT = false; {counted})"
@@ -273,7 +272,7 @@ def sandbox_transfer(run: Runner) -> str:
         return f"sandbox transfer to and from the shadow not limited (STARTER is not {STARTER_WRAPPER}; {counted})"
     if cgroup2_mount() is None:
         return f"sandbox transfer to and from the shadow not limited (no cgroup v2 mount; {counted})"
-    unsafe = SandboxLimiter(Config(), nft=lambda cmd: (1, "", "")).moves_job_cgroups()
+    unsafe = job_cgroups_follow_the_starter()
     if unsafe:
         return f"sandbox transfer to and from the shadow not limited ({unsafe}; {counted})"
     return f"sandbox transfer to and from the shadow limited to the slot's Bandwidth (LARK_SANDBOX_LIMIT; {counted})"

@@ -17,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote, urlsplit
 
@@ -44,17 +43,10 @@ class ModeTraits(Protocol):
     def tags_labels(self) -> bool: ...
 
 
-@dataclass(frozen=True)
-class ClassTraits:
-    """An attach mode's traits read from its class (for a client made without a JobNetworker's profiles)."""
-    bridged: bool
-    tags_labels: bool
-
-
 def builtin_traits(network_type: str) -> ModeTraits | None:
-    """The traits of lark/kernel/attach's own modes, by network type (None: not one of them, e.g. `none`)."""
-    cls = MODE_CLASSES.get(network_type)
-    return ClassTraits(cls.bridged, cls.tags_labels) if cls is not None else None
+    """The traits of lark/kernel/attach's own modes (class attributes), by network type (None: not one of them,
+    e.g. `none`), for a client made without a JobNetworker's profiles."""
+    return MODE_CLASSES.get(network_type)
 
 
 def registration(plan: JobNetwork | dict, mac: str, tagged: bool = False) -> dict:

@@ -163,6 +163,19 @@ def alive(pid: int, start: int) -> bool:
         return False
 
 
+def pidfd_of_live(pid: int, start: int) -> int | None:
+    """A pidfd of the process (pid, start), or None when it has ended: a pid reused after it ended gives no pidfd of
+    the newcomer (the start time is checked after the pidfd is open)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    if not alive(pid, start):
+        os.close(fd)
+        return None
+    return fd
+
+
 def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> StarterInfo | None:
     """The nearest root-owned ancestor whose executable is a configured starter, pinned by its start time.
 

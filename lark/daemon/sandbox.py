@@ -73,6 +73,21 @@ def _default_nft(cmd: str) -> tuple[int, str, str]:
     return libnft.get().run(cmd)
 
 
+def job_cgroups_follow_the_starter(cgroup_root: str = NFT_CGROUP_ROOT) -> str | None:
+    """Why moving a starter on this host would move its jobs' cgroups too (None: it would not).
+
+    Where HTCondor itself runs on cgroup v2 (a pure v2 host: cgroup.procs at the root of /sys/fs/cgroup, the
+    test of its ProcFamilyDirectCgroupV2::has_cgroup_v2), the starter makes each job's cgroup under the parent
+    of its own cgroup (current_parent_cgroup()). A starter moved into <sandbox_cgroup>/starter-* would put its
+    jobs' cgroups under <sandbox_cgroup>, out of HTCondor's tree and without the controllers their memory and
+    CPU limits need. On hybrid hosts HTCondor uses cgroup v1 and the unified tree holds no job cgroup."""
+    if os.path.exists(os.path.join(cgroup_root, "cgroup.procs")):
+        return ("this is a pure cgroup v2 host, where HTCondor puts each job's cgroup next to its starter's: "
+                "moving the starter into a cgroup of Lark's would take its jobs' cgroups out of HTCondor's tree "
+                "(not supported yet)")
+    return None
+
+
 class SandboxLimiter:
     """Per-starter cgroups and their nft policers: add (join + limit), remove, what gc finds, check."""
 
@@ -99,18 +114,8 @@ class SandboxLimiter:
         return None
 
     def moves_job_cgroups(self) -> str | None:
-        """Why moving a starter here would move its jobs' cgroups too (None: it would not).
-
-        Where HTCondor itself runs on cgroup v2 (a pure v2 host: cgroup.procs at the root of /sys/fs/cgroup, the
-        test of its ProcFamilyDirectCgroupV2::has_cgroup_v2), the starter makes each job's cgroup under the parent
-        of its own cgroup (current_parent_cgroup()). A starter moved into <sandbox_cgroup>/starter-* would put its
-        jobs' cgroups under <sandbox_cgroup>, out of HTCondor's tree and without the controllers their memory and
-        CPU limits need. On hybrid hosts HTCondor uses cgroup v1 and the unified tree holds no job cgroup."""
-        if os.path.exists(os.path.join(self.nft_root, "cgroup.procs")):
-            return ("this is a pure cgroup v2 host, where HTCondor puts each job's cgroup next to its starter's: "
-                    "moving the starter into a cgroup of Lark's would take its jobs' cgroups out of HTCondor's tree "
-                    "(not supported yet)")
-        return None
+        """Why moving a starter here would move its jobs' cgroups too (None: it would not)."""
+        return job_cgroups_follow_the_starter(self.nft_root)
 
     @property
     def parent(self) -> str:

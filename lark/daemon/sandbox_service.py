@@ -98,14 +98,8 @@ class SandboxService:
     def watch(self, starter: Starter) -> None:
         if starter in self.watches:
             return
-        try:
-            fd = os.pidfd_open(starter.pid)
-        except ProcessLookupError:
-            fd = -1
-        if fd >= 0 and not peercred.alive(starter.pid, starter.start):
-            os.close(fd)   # the starter ended before the pidfd was opened and its pid was reused
-            fd = -1
-        if fd < 0:
+        fd = peercred.pidfd_of_live(starter.pid, starter.start)
+        if fd is None:   # the starter ended already
             self.spawn(self._gone(starter, None), f"sandbox limit of starter pid {starter.pid}")
             return
         self.watches[starter] = fd

@@ -149,14 +149,8 @@ class Larkd:
         return adopted
 
     def watch(self, key: str, pid: int, start: int) -> None:
-        try:
-            fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self.loop.call_soon(self._starter_exited, key, None, (pid, start))
-            return
-        if not peercred.alive(pid, start):
-            # The starter ended before the pidfd was opened and its pid was reused: this pidfd is not it.
-            os.close(fd)
+        fd = peercred.pidfd_of_live(pid, start)
+        if fd is None:   # the starter ended already
             self.loop.call_soon(self._starter_exited, key, None, (pid, start))
             return
         self.watches[key] = fd

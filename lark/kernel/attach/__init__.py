@@ -10,7 +10,7 @@ from .nat import NatMode
 from .ovs import OvsMode
 
 # The attach modes this package has, by network type (make_modes makes those the configuration offers).
-MODE_CLASSES: dict[str, type[AttachMode]] = {"nat": NatMode, "bridge": BridgeMode, "ovs_bridge": OvsMode}
+MODE_CLASSES: dict[str, type[AttachMode]] = {cls.name: cls for cls in (NatMode, BridgeMode, OvsMode)}
 
 
 def available_types(cfg: Config) -> list[str]:
@@ -24,9 +24,5 @@ def available_types(cfg: Config) -> list[str]:
 
 
 def make_modes(cfg: Config) -> dict[str, AttachMode]:
-    modes: dict[str, AttachMode] = {"nat": NatMode(cfg)}
-    if cfg.bridge_range:
-        modes["bridge"] = BridgeMode(cfg)
-        if shutil.which("ovs-vsctl"):
-            modes["ovs_bridge"] = OvsMode(cfg)
-    return modes
+    """One attach mode per network type the configuration offers (available_types decides which)."""
+    return {t: MODE_CLASSES[t](cfg) for t in available_types(cfg) if t in MODE_CLASSES}
