@@ -24,7 +24,11 @@ cg=$(grep ':memory:' /proc/self/cgroup | cut -d: -f3) args=$*"
 echo $$ > "$(dirname "$0")/sshd-$(basename "$(dirname "$4")").pid"
 case "$4" in
   *linger*) sleep 300;;
-  *leftover*) setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$(dirname "$0")/leftover.pid";;
+  *leftover*) setsid sleep 300 </dev/null >/dev/null 2>&1 &
+    # until it has left this session (field 6 of stat: its session id), it is in the group larkd kills when
+    # this program exits, and would die before it could be a leftover
+    until [ "$(cut -d' ' -f6 /proc/$!/stat)" = "$!" ]; do sleep 0.05; done
+    echo $! > "$(dirname "$0")/leftover.pid";;
 esac
 exit 7
 """
