@@ -94,7 +94,7 @@ def limiter(ns):
             if p.poll() is None:
                 p.kill()
             p.wait()
-        for s in lim._cgroups():
+        for s in lim.police.cgroups():
             lim.remove(s)
         if os.path.isdir(lim.parent):
             os.rmdir(lim.parent)
