@@ -7,7 +7,8 @@ setup(
     version="0.1.0",
     description="Per-job network namespaces, policy, shaping and accounting for HTCondor",
     packages=find_packages(include=["lark", "lark.*"]),
-    package_data={"lark.job": ["launcher/prepare_job.c", "launcher/job_wrapper.c"]},  # compiled by `lark install-hook`
+    # compiled by `lark install-hook` (starter.c includes job_wrapper.c)
+    package_data={"lark.job": ["launcher/prepare_job.c", "launcher/job_wrapper.c", "launcher/starter.c"]},
     python_requires=">=3.11",
     install_requires=[
         "pyroute2>=0.9,<0.10",

@@ -14,6 +14,10 @@ $(LARK_LIBEXEC)/lark-job-wrapper, root:root 0755 and not setgid (it runs as the 
 protect); it execs the Python wrapper for every case it does not handle itself. Where that cannot be compiled
 (no cc, or no C headers), the same path becomes a symlink to the Python wrapper, so that a USER_JOB_WRAPPER naming
 it (condor_config.d/50-lark.conf, LARK_JOB_WRAPPER) always runs a wrapper.
+
+The STARTER wrapper likewise (`lark/job/launcher/starter.c`): $(LARK_LIBEXEC)/lark-starter, compiled with the
+Python lark-starter as its fallback and the real condor_starter fixed in it (`condor_config_val LARK_REAL_STARTER`
+when install-hook runs), else a symlink to the Python lark-starter (LARK_STARTER in 50-lark.conf).
 """
 from __future__ import annotations
 
@@ -36,6 +40,10 @@ log = logging.getLogger("lark.hook_launcher")
 SOURCE = Path(__file__).resolve().parent / "job" / "launcher" / "prepare_job.c"
 WRAPPER_SOURCE = Path(__file__).resolve().parent / "job" / "launcher" / "job_wrapper.c"
 WRAPPER_NAME = "lark-job-wrapper"  # in the launcher's directory: $(LARK_LIBEXEC)/lark-job-wrapper
+STARTER_SOURCE = Path(__file__).resolve().parent / "job" / "launcher" / "starter.c"
+STARTER_NAME = "lark-starter"  # $(LARK_LIBEXEC)/lark-starter
+# lark/job/starter_wrapper.DEFAULT_REAL (a unit test keeps the two equal)
+DEFAULT_REAL_STARTER = "/usr/sbin/condor_starter"
 GROUP = "lark-hook"
 # Where the shipped condor_config.d/50-lark.conf points LARK_HOOK_PREPARE_JOB: next to the venv's bin/, where
 # pip (which rewrites bin/lark-prepare-job on every upgrade) never writes.
@@ -136,40 +144,72 @@ def install(dest: Path, python: Path, script: Path, gid: int, cc: str = "gcc") -
     log.info("installed %s (root:%d, 2755) for %s -I %s", dest, gid, python, script)
 
 
-def install_job_wrapper(dest: Path, py_wrapper: Path, cc: str = "gcc", compiled: bool = True) -> bool:
-    """The compiled job wrapper at `dest` (root:root 0755), its fallback `py_wrapper`; True when compiled. When
-    `compiled` is False or it cannot be compiled, `dest` becomes a symlink to `py_wrapper` and the reason is
-    logged: the Python wrapper stays what runs."""
-    _c_string("Python job wrapper", py_wrapper)
-    dest, tmp = _temp_beside(dest, "the job wrapper")
+def _install_compiled(dest: Path, source: Path, defines: dict[str, Path], fallback: Path, what: str,
+                      unwanted: str | None, cc: str) -> bool:
+    """`source` compiled with `defines` (paths, as C strings) at `dest` (root:root 0755); True when compiled. When
+    `unwanted` says why it is not wanted, or it cannot be compiled, `dest` becomes a symlink to `fallback`, the
+    Python program of the same name, and the reason is logged: the Python one stays what runs."""
+    flags = [f"-D{name}={_c_string(name, path)}" for name, path in defines.items()]
+    dest, tmp = _temp_beside(dest, f"the {what}")
     try:
-        problem = None
-        if not compiled:
-            problem = "--python-job-wrapper asked for the Python wrapper"
-        elif shutil.which(cc) is None:
+        problem = unwanted
+        if problem is None and shutil.which(cc) is None:
             problem = (f"no C compiler {cc!r} on PATH (install gcc and the C library headers, Debian: gcc libc6-dev; "
                        "EL: gcc glibc-devel, then run `lark install-hook` again)")
-        else:
-            cp = subprocess.run([cc, *CFLAGS, f"-DLARK_PY_WRAPPER={_c_string('Python job wrapper', py_wrapper)}",
-                                 "-o", tmp, str(WRAPPER_SOURCE)], capture_output=True, text=True)
+        elif problem is None:
+            cp = subprocess.run([cc, *CFLAGS, *flags, "-o", tmp, str(source)], capture_output=True, text=True)
             if cp.returncode != 0:
-                problem = (f"{cc} failed on {WRAPPER_SOURCE}: {cp.stderr.strip()} (install the C library headers, "
+                problem = (f"{cc} failed on {source}: {cp.stderr.strip()} (install the C library headers, "
                            "Debian: libc6-dev; EL: glibc-devel, then run `lark install-hook` again)")
         if problem is None:
             os.chown(tmp, 0, 0)
             os.chmod(tmp, 0o755)
             os.replace(tmp, dest)
-            log.info("installed %s (compiled job wrapper, falls back to %s)", dest, py_wrapper)
+            log.info("installed %s (compiled %s, falls back to %s)", dest, what, fallback)
             return True
         os.unlink(tmp)
-        os.symlink(py_wrapper, tmp)
+        os.symlink(fallback, tmp)
         os.replace(tmp, dest)
-        log.warning("%s: the Python job wrapper (a symlink to %s), not the compiled one: %s", dest, py_wrapper,
-                    problem)
+        log.warning("%s: the Python %s (a symlink to %s), not the compiled one: %s", dest, what, fallback, problem)
         return False
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def install_job_wrapper(dest: Path, py_wrapper: Path, cc: str = "gcc", compiled: bool = True) -> bool:
+    """The compiled job wrapper at `dest` (root:root 0755), its fallback `py_wrapper`; True when compiled. When
+    `compiled` is False or it cannot be compiled, `dest` becomes a symlink to `py_wrapper` and the reason is
+    logged: the Python wrapper stays what runs."""
+    _c_string("Python job wrapper", py_wrapper)
+    return _install_compiled(dest, WRAPPER_SOURCE, {"LARK_PY_WRAPPER": py_wrapper}, py_wrapper, "job wrapper",
+                             None if compiled else "--python-job-wrapper asked for the Python wrapper", cc)
+
+
+def configured_real_starter() -> Path:
+    """`condor_config_val LARK_REAL_STARTER` (50-lark.conf sets it), else the Python lark-starter's default: the
+    compiled lark-starter keeps it, so a change needs `lark install-hook` again (docs/admin.md)."""
+    try:
+        cp = subprocess.run(["condor_config_val", "LARK_REAL_STARTER"], capture_output=True, text=True, timeout=60)
+        if cp.returncode == 0 and cp.stdout.strip():
+            return Path(cp.stdout.strip())
+        why = cp.stderr.strip() or "not set"
+    except (OSError, subprocess.TimeoutExpired) as e:
+        why = str(e)
+    log.warning("LARK_REAL_STARTER: %s; the compiled lark-starter runs %s (set LARK_REAL_STARTER as 50-lark.conf "
+                "does, then run `lark install-hook` again)", why, DEFAULT_REAL_STARTER)
+    return Path(DEFAULT_REAL_STARTER)
+
+
+def install_starter(dest: Path, py_starter: Path, real_starter: Path, cc: str = "gcc", compiled: bool = True) -> bool:
+    """The compiled lark-starter at `dest` (root:root 0755), running `real_starter` unless $LARK_REAL_STARTER
+    names another, its fallback `py_starter`; True when compiled, else `dest` links to `py_starter` (the reason
+    logged)."""
+    _c_string("Python lark-starter", py_starter)
+    _c_string("real condor_starter", real_starter)
+    return _install_compiled(dest, STARTER_SOURCE, {"LARK_PY_STARTER": py_starter,
+                                                    "LARK_REAL_STARTER_PATH": real_starter}, py_starter,
+                             "lark-starter", None if compiled else "--python-starter asked for the Python one", cc)
 
 
 def launcher_problem(path: str) -> str | None:
@@ -218,6 +258,14 @@ def cmd_install_hook(args: argparse.Namespace) -> int:
               "it with LARK_JOB_WRAPPER = $(LARK_LIBEXEC)/lark-job-wrapper (50-lark.conf)")
     else:
         print(f"{wrapper_dest}: the Python job wrapper {args.job_wrapper}, not compiled (the reason is logged above)")
+    starter_dest = Path(args.dest).parent / STARTER_NAME
+    real = Path(args.real_starter) if args.real_starter else configured_real_starter()
+    if install_starter(starter_dest, Path(args.starter), real, args.cc, not args.python_starter):
+        print(f"{starter_dest}: the compiled lark-starter, runs {real} (falls back to {args.starter}); STARTER runs it "
+              "with LARK_STARTER = $(LARK_LIBEXEC)/lark-starter (50-lark.conf); run `lark install-hook` again after "
+              "changing LARK_REAL_STARTER")
+    else:
+        print(f"{starter_dest}: the Python lark-starter {args.starter}, not compiled (the reason is logged above)")
     gid = privilegeless_group(args.group)
     install(Path(args.dest), Path(args.python), Path(args.script), gid, args.cc)
     print(f"{args.dest}: setgid {args.group}, runs {args.python} -I {args.script}; "
@@ -248,4 +296,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the Python job wrapper the compiled one falls back to (default: %(default)s)")
     p.add_argument("--python-job-wrapper", action="store_true",
                    help="do not compile the job wrapper: $(LARK_LIBEXEC)/lark-job-wrapper links to the Python one")
+    p.add_argument("--starter", default=str(Path(sys.executable).parent / "lark-starter"),
+                   help="the Python lark-starter the compiled one falls back to (default: %(default)s)")
+    p.add_argument("--real-starter", default=None,
+                   help="the condor_starter the compiled lark-starter runs (default: condor_config_val "
+                        f"LARK_REAL_STARTER, else {DEFAULT_REAL_STARTER})")
+    p.add_argument("--python-starter", action="store_true",
+                   help="do not compile lark-starter: $(LARK_LIBEXEC)/lark-starter links to the Python one")
     p.set_defaults(func=cmd_install_hook)

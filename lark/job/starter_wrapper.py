@@ -10,6 +10,12 @@ starter-to-be: exec keeps the pid) into a cgroup of its own, whose sockets it po
 anyway, since a starter that does not start sends the job back through matchmaking (the job's own network still
 waits for larkd in lark-job-wrapper). LARK_SANDBOX_LIMIT=false in the starter's environment skips the question;
 larkd's knob of the same name, off, answers it at once.
+
+The compiled lark-starter (lark/job/launcher/starter.c; 50-lark.conf's LARK_STARTER chooses one of the two) does
+the common path without this interpreter and hands every other case (`-classad` among them) to this one. The real
+starter is $LARK_REAL_STARTER when set, else HTCondor's LARK_REAL_STARTER: this one reads it at every start, the
+compiled one once, when `lark install-hook` builds it, and passes it to this one in $LARK_REAL_STARTER, so the two
+run the same starter; after changing LARK_REAL_STARTER, run `lark install-hook` again.
 """
 from __future__ import annotations
 
