@@ -35,6 +35,7 @@ from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, JobRecord, RecordStore
 from .reload import reload
 from .sandbox_service import SandboxService
+from .slotjob import Check, Pushed, PushRequest, SlotJobs
 from .sweep import sweep
 from .verify import report, verify_job
 
@@ -74,10 +75,9 @@ class Larkd:
         # before the periodic pushes, and a push reads its counters when it runs, so none lands older figures.
         self.push_pool = PushQueue()
         self.active: set[str] = set()          # keys with a live job or a setup in flight
-        self.slot_locks: dict[str, asyncio.Lock] = {}
-        self.watches: dict[str, int] = {}      # key -> pidfd of the starter
-        self.session_netns: dict[str, int] = {}  # key -> netns inode of a job that had ssh sessions
-        self.checked: dict[str, tuple] = {}    # key -> (starter pid, start, when, plan) from PREPARE_JOB's check
+        # key -> the slot's job in memory: its lock, starter watch, ssh sessions' netns, PREPARE_JOB check, push
+        # state, exit barrier (slotjob.py); its record and pin stay on disk (records.py, pins.py)
+        self.jobs = SlotJobs()
         self.connections = 0
         self.tasks: set[asyncio.Task] = set()  # background releases: referenced until done, errors logged
         self.admission = Admission(cfg.max_connections_per_uid, cfg.max_connections_per_starter,
@@ -85,9 +85,6 @@ class Larkd:
         self.check_limit = RateLimit(cfg.check_min_interval)  # each check queries the startd and the schedd
         self.pusher = (AdPusher(cfg.schedd_push_retry, between=self.push_pool.run_urgent)
                        if cfg.ad_source == "startd" and cfg.schedd_push_interval > 0 else None)
-        self.pushed_at: dict[str, tuple[str, float, int]] = {}  # key -> (job id, time of its last push, pushes)
-        self.push_requests: dict[str, tuple[str, float]] = {}  # key -> (job id, time of its last `push` request)
-        self.barriers: dict[str, str] = {}  # key -> the job whose exit barrier was served (once per job)
         self.log_limit = LogLimit()
         # (starter pid, start) -> the job's identity from its claim (policy/startd.py): where its figures go
         self.identities: dict[tuple[int, int], JobIdentity] = {}
@@ -153,15 +150,16 @@ class Larkd:
         if fd is None:   # the starter ended already
             self.loop.call_soon(self._starter_exited, key, None, (pid, start))
             return
-        self.watches[key] = fd
+        self.jobs.get(key).watch = fd
         self.loop.add_reader(fd, self._starter_exited, key, fd, (pid, start))
 
     def _starter_exited(self, key: str, fd: int | None, starter: tuple[int, int] | None = None) -> None:
         if fd is not None:
             self.loop.remove_reader(fd)
             os.close(fd)
-            if self.watches.get(key) == fd:
-                self.watches.pop(key, None)
+            job = self.jobs.peek(key)
+            if job is not None and job.watch == fd:
+                job.watch = None
         self.spawn(self.release(key, "starter exited", final=True, starter=starter), f"release of {key}")
 
     def spawn(self, coro, what: str) -> asyncio.Task:
@@ -192,11 +190,8 @@ class Larkd:
         pin = self._pin(key)
         if starter is not None and pin is not None and not pin.same_starter(*starter):
             return None
-        if final:
-            fd = self.watches.pop(key, None)
-            if fd is not None:
-                self.loop.remove_reader(fd)
-                os.close(fd)
+        # The job ends: its in-memory state goes here, in one place (the starter's watch first); its pin below.
+        ended = self.jobs.end(key, self.loop, (pin.starter_pid, pin.starter_start) if pin else None) if final else None
         had_network = self.records.load(key) is not None
         t0 = time.perf_counter()
         try:
@@ -208,12 +203,8 @@ class Larkd:
             raise
         finally:
             self.active.discard(key)
-        session_ns = self.session_netns.pop(key, None) if final else None
-        if session_ns is not None:
-            killed = await self.loop.run_in_executor(self.pool, ssh_session.kill_leftovers, session_ns)
-            if killed:
-                log.warning("job on %s ended: killed %d process(es) its ssh sessions left in its network "
-                            "namespace: %s", key, len(killed), killed)
+            if ended is not None and ended.session_netns is not None:
+                await self._kill_session_leftovers(key, ended.session_netns)
         if pin is not None:
             if final:
                 if not had_network and pin.carried and pin.job_id:
@@ -228,6 +219,12 @@ class Larkd:
                 pin.carried = summary
                 self.pins.save(pin)
         return summary
+
+    async def _kill_session_leftovers(self, key: str, session_ns: int) -> None:
+        killed = await self.loop.run_in_executor(self.pool, ssh_session.kill_leftovers, session_ns)
+        if killed:
+            log.warning("job on %s ended: killed %d process(es) its ssh sessions left in its network "
+                        "namespace: %s", key, len(killed), killed)
 
     def _push_final(self, pin: Pin, summary: dict | None) -> None:
         if self.pusher is not None and summary is not None and pin.schedd:
@@ -244,8 +241,10 @@ class Larkd:
             pin = self._pin(key)
             if pin is None or not pin.schedd:
                 continue
-            job, last, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
-            if job != pin.job_id:  # the slot's next job, before a poll saw the previous one end
+            job = self.jobs.get(key)
+            pushed = job.pushed
+            last, pushes = (pushed.at, pushed.pushes) if pushed is not None else (None, 0)
+            if pushed is not None and pushed.job_id != pin.job_id:  # the slot's next job, before its end was seen
                 last, pushes = None, 0
             # The first push with the first poll, a second one EARLY_REPUSH_S later (a short job's figures after
             # its first seconds, in case larkd is not there at its end), then every schedd_push_interval; a
@@ -255,9 +254,10 @@ class Larkd:
                 continue
             self.push_pool.run_urgent()  # a barrier asked meanwhile waits for one job's push, not the round
             if self.pusher.push(key, pin.schedd, pin.job_id, self.stats(key)):
-                self.pushed_at[key] = (pin.job_id, now, pushes + 1)
-        for key in set(self.pushed_at) - self.active:
-            self.pushed_at.pop(key, None)
+                job.pushed = Pushed(pin.job_id, now, pushes + 1)
+        for job in self.jobs:
+            if job.key not in self.active:
+                job.pushed = None
         self.pusher.retry_pending()
 
     def _pin(self, key: str) -> Pin | None:
@@ -268,7 +268,7 @@ class Larkd:
             return None
 
     def _lock(self, key: str) -> asyncio.Lock:
-        return self.slot_locks.setdefault(key, asyncio.Lock())
+        return self.jobs.get(key).lock
 
     async def poller(self) -> None:
         while True:
@@ -440,7 +440,7 @@ class Larkd:
         if os.stat(path).st_ino != rec.netns_inode:
             raise LarkError("the job's network namespace is no longer the one larkd built", job=rec.job_id,
                             obj=path, fix="lark status --verify; the job's network has drifted")
-        self.session_netns[key] = rec.netns_inode   # its leftovers go when the job ends (release)
+        self.jobs.get(key).session_netns = rec.netns_inode   # its leftovers go when the job ends (release)
         code = await ssh_session.run_as_asker(who, rec.job_id, path, command.program(self.cfg.ssh_sshd),
                                         "ssh session", reader, writer)
         return protocol.ok(exit_code=code)
@@ -531,7 +531,7 @@ class Larkd:
             tag_failure(e, "setup", held=held)   # a transfer's refusal holds the job through HTCondor instead
             raise
         self.metrics.setup_seconds.labels(plan.network_type).observe(time.perf_counter() - t0)
-        if key not in self.watches:
+        if self.jobs.get(key).watch is None:
             self.watch(key, starter.pid, starter.start)
         log.info("networked job %s on %s%s: %s %s in %.1f ms", plan.job_id, plan.slot, f" {what}" if what else "",
                  built.plan["network_type"], built.plan.get("ipv4") or "-", (time.perf_counter() - t0) * 1000)
@@ -578,9 +578,10 @@ class Larkd:
         if self.pusher is None or pin is None or not pin.schedd:
             return protocol.ok(pushed=False, reason="no schedd push for this job (ad_source or push interval)")
         now = time.monotonic()
-        first_barrier = barrier and self.barriers.get(key) != pin.job_id
+        job = self.jobs.get(key)
+        first_barrier = barrier and job.barrier != pin.job_id
         if first_barrier:
-            self.barriers[key] = pin.job_id
+            job.barrier = pin.job_id
         else:
             wait = self._push_budget_wait(key, pin, now)
             if wait:
@@ -588,8 +589,7 @@ class Larkd:
                     f"job {pin.job_id}: push refused, a job may ask for it once every {JOB_PUSH_MIN_S:g} s "
                     f"(next in {wait:.0f} s); larkd pushes the job's figures every schedd_push_interval and at "
                     "its end without being asked"))
-        pushed_job, _, pushes = self.pushed_at.get(key, (pin.job_id, None, 0))
-        pushes = pushes if pushed_job == pin.job_id else 0
+        pushes = job.pushed.pushes if job.pushed is not None and job.pushed.job_id == pin.job_id else 0
         t0 = time.perf_counter()
         if key in self.active:
             await self.loop.run_in_executor(self.pool, self.acct.poll)
@@ -601,7 +601,7 @@ class Larkd:
             return self._push_job(key, pin)
         ok = await asyncio.wrap_future(self.push_pool.submit_at(URGENT if first_barrier else ROUTINE, push_now))
         if ok:
-            self.pushed_at[key] = (pin.job_id, now, pushes + 1)
+            self.jobs.get(key).pushed = Pushed(pin.job_id, now, pushes + 1)
         if first_barrier:  # what the job waits for at its end (bench/pool_true_jobs.py reads this line)
             t_end = time.perf_counter()
             t_ran = ran[0] if ran else t_end
@@ -614,10 +614,11 @@ class Larkd:
     def _push_budget_wait(self, key: str, pin: Pin, now: float) -> float:
         """A push a job asked for (its own `push`, a second barrier, an upload by its plugin) is within its budget
         of one per JOB_PUSH_MIN_S: 0.0, and the budget is spent; else the seconds until the next one."""
-        job, asked = self.push_requests.get(key, ("", -1e9))
-        if job == pin.job_id and now - asked < JOB_PUSH_MIN_S:
-            return JOB_PUSH_MIN_S - (now - asked)
-        self.push_requests[key] = (pin.job_id, now)
+        job = self.jobs.get(key)
+        asked = job.push_request
+        if asked is not None and asked.job_id == pin.job_id and now - asked.at < JOB_PUSH_MIN_S:
+            return JOB_PUSH_MIN_S - (now - asked.at)
+        job.push_request = PushRequest(pin.job_id, now)
         return 0.0
 
     def _push_job(self, key: str, pin: Pin) -> bool:
@@ -721,11 +722,11 @@ class Larkd:
                                 fix="do not create network namespaces in a job")
             return pin
         if pin is not None:
-            # The slot's previous job ended (another starter now): its pin is stale.
-            fd = self.watches.pop(key, None)
-            if fd is not None:
-                self.loop.remove_reader(fd)
-                os.close(fd)
+            # The slot's previous job ended (another starter now): its pin is stale. Its other state stays for
+            # its final release, which finds another starter's pin and ends nothing (or the next one's).
+            old = self.jobs.peek(key)
+            if old is not None:
+                old.stop_watch(self.loop)
         pin = Pin(key=key, starter_pid=starter.pid, starter_start=starter.start, netns_inode=job_ns)
         self.pins.save(pin)
         return pin
@@ -760,20 +761,23 @@ class Larkd:
             self.check_limit.remember(ident, decided)
         if isinstance(decided, LarkError):
             raise decided
+        assert isinstance(decided, dict)   # what was remembered above: a plan's dict or its refusal
         # The setup that follows for this same starter reuses the decision instead of asking the startd and
         # the schedd again: those queries are the slowest part of a setup.
-        self.checked[key] = (starter.pid, starter.start, time.monotonic(), decided)
+        self.jobs.get(key).check = Check(starter.pid, starter.start, time.monotonic(), decided)
         return protocol.ok(plan=decided)
 
     def checked_plan(self, starter: peercred.StarterInfo, key: str) -> NetworkPlan | None:
         """The pre-flight decision for this very starter (pid and start time), if recent; used once."""
-        got = self.checked.pop(key, None)
-        if got is None:
+        job = self.jobs.peek(key)
+        got = job.check if job is not None else None
+        if job is None or got is None:
             return None
-        pid, start, at, plan = got
-        if (pid, start) != (starter.pid, starter.start) or time.monotonic() - at > CHECK_REUSE_SECONDS:
+        job.check = None
+        if (got.starter_pid, got.starter_start) != (starter.pid, starter.start) or \
+                time.monotonic() - got.at > CHECK_REUSE_SECONDS:
             return None
-        return NetworkPlan.from_dict(plan)
+        return NetworkPlan.from_dict(got.plan)
 
     async def decide_plan(self, starter: peercred.StarterInfo, key: str) -> NetworkPlan:
         try:

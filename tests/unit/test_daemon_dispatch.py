@@ -9,6 +9,7 @@ import pytest
 from helpers.fakekernel import fake_networker
 from lark.daemon import server as server_mod
 from lark.daemon.peercred import Peer, StarterInfo, start_time
+from lark.daemon.slotjob import Pushed
 from lark.errors import LarkError
 from lark.plan import NetworkPlan
 from lark.policy.startd import JobIdentity
@@ -45,10 +46,8 @@ def test_setup_then_release_through_dispatch(tmp_path, monkeypatch):
     async def flow():
         a = _answer(await d.dispatch({"op": "setup"}, job))
         again = _answer(await d.dispatch({"op": "setup"}, job))
-        for fd in d.watches.values():  # the fake starter is this test process: do not wait for it to exit
-            d.loop.remove_reader(fd)
-            os.close(fd)
-        d.watches.clear()
+        for slot_job in d.jobs:  # the fake starter is this test process: do not wait for it to exit
+            slot_job.stop_watch(d.loop)
         r = _answer(await d.dispatch({"op": "release", "slot": "slot1"}, Peer(pid=ME, uid=0, gid=0)))
         return a, again, r
 
@@ -84,7 +83,7 @@ def test_a_failing_background_release_is_kept_referenced_and_logged(tmp_path, mo
     async def flow():
         await d.dispatch({"op": "setup"}, Peer(pid=ME, uid=1000, gid=1000))
         k.fail.add("nftables.remove_job")
-        fd = d.watches["slot1"]
+        fd = d.jobs.get("slot1").watch
         d._starter_exited("slot1", fd)  # what the pidfd reader calls when the starter exits
         assert len(d.tasks) == 1  # referenced while it runs (the loop keeps only weak references)
         await asyncio.gather(*d.tasks, return_exceptions=True)
@@ -93,7 +92,7 @@ def test_a_failing_background_release_is_kept_referenced_and_logged(tmp_path, mo
 
     with caplog.at_level(logging.ERROR, logger="larkd"):
         left = _run(d, flow)
-    assert left == set() and d.active == set() and d.watches == {}
+    assert left == set() and d.active == set() and d.jobs.get("slot1").watch is None
     assert any("release of slot1 failed" in r.getMessage() and "could not remove the nftables rules" in r.getMessage()
                for r in caplog.records)
     assert k.of_key("slot1") == {("fw:nftables", "slot1")}  # everything but the failing firewall is gone
@@ -164,7 +163,8 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
     hook = Peer(pid=ME, uid=1000, gid=1000)
 
     async def flow():
-        d.pushed_at["slot1"] = ("3.0", clock[0] - 0.5, 2)   # a periodic push just before: the barrier still goes
+        # a periodic push just before: the barrier still goes
+        d.jobs.get("slot1").pushed = Pushed("3.0", clock[0] - 0.5, 2)
         answers = [_answer(await d.dispatch({"op": "push"}, hook))]
         clock[0] += 1.0
         answers.append(_answer(await d.dispatch({"op": "push"}, hook)))
@@ -182,7 +182,7 @@ def test_job_exit_barrier_pushes_fresh_figures_once_and_refuses_strangers(tmp_pa
         assert refused["pushed"] is False and refused["refused"] is True and refused["retry_after"] > 0
         assert "job 3.0" in refused["reason"] and "once every 30 s" in refused["reason"]
     # Counters read fresh for each push that went out, and those are what was pushed; refusals read nothing.
-    assert d.pushed_at["slot1"] == ("3.0", 1031.5, 5)
+    assert d.jobs.get("slot1").pushed == Pushed("3.0", 1031.5, 5)
     assert polls == [1000.0, 1031.0, 1031.5] and pushed == [("ap", "3.0", {"bytes_in": 1}),
                                                            ("ap", "3.0", {"bytes_in": 2}),
                                                            ("ap", "3.0", {"bytes_in": 3})]
@@ -219,10 +219,8 @@ def test_a_slow_schedd_does_not_hold_up_the_next_jobs_setup(tmp_path, monkeypatc
         pushed_yet = push.done()
         schedd_answers.set()
         await push
-        for fd in d.watches.values():
-            d.loop.remove_reader(fd)
-            os.close(fd)
-        d.watches.clear()
+        for slot_job in d.jobs:
+            slot_job.stop_watch(d.loop)
         return _answer(setup), pushed_yet
 
     answer, pushed_yet = _run(d, flow)

@@ -155,7 +155,7 @@ def test_check_and_setup_refuse_an_infeasible_job_with_the_same_reason_and_touch
     assert "the job wants IPv6 but nat mode has no IPv6 pool" in str(at_check.value)
     # counted as a refusal of the plan (lark_failures_total{reason="policy"}, the LarkJobsRefused alert's input)
     assert getattr(at_check.value, "metric_reason", None) == "policy"
-    d.checked.clear()
+    d.jobs.get("slot1").check = None   # the check's decision is not reused: setup decides again
     with pytest.raises(LarkError) as at_setup:
         ask(d, "setup")
     assert str(at_setup.value) == str(at_check.value)
@@ -168,7 +168,8 @@ def test_a_feasible_job_passes_the_check_and_is_built(tmp_path, monkeypatch):
     d, k, asked = daemon(tmp_path, monkeypatch, decided)
     assert ask(d, "check")["ok"]
     built = ask(d, "setup")
-    for fd in d.watches.values():  # the fake starter is this test process: do not wait for it to exit
-        os.close(fd)
+    for job in d.jobs:  # the fake starter is this test process: do not wait for it to exit
+        if job.watch is not None:
+            os.close(job.watch)
     assert built["ok"] and built["plan"]["ipv4"] and asked == [decided, decided]
     assert "links.create_veth" in k.calls

@@ -180,10 +180,8 @@ def _setup(d):
         try:
             return await d.dispatch({"op": "setup"}, Peer(pid=ME, uid=1000, gid=1000))
         finally:
-            for fd in d.watches.values():   # the fake starter is this test process: do not wait for its exit
-                d.loop.remove_reader(fd)
-                os.close(fd)
-            d.watches.clear()
+            for job in d.jobs:   # the fake starter is this test process: do not wait for its exit
+                job.stop_watch(d.loop)
     return asyncio.run(flow())
 
 

@@ -9,6 +9,7 @@ import pytest
 from lark.daemon import peercred
 from lark.daemon.pins import Pin, PinStore, merge_usage
 from lark.daemon.server import Larkd
+from lark.daemon.slotjob import SlotJobs
 from lark.errors import LarkError
 
 
@@ -55,7 +56,7 @@ class FakeLoop:
 def bare_daemon(tmp_path) -> Larkd:
     d = object.__new__(Larkd)
     d.pins = PinStore(str(tmp_path / "pins"))
-    d.watches = {}
+    d.jobs = SlotJobs()
     d.loop = FakeLoop()
     return d
 
@@ -107,7 +108,7 @@ def test_watch_does_not_follow_a_reused_pid(tmp_path):
     d = bare_daemon(tmp_path)
     # Our own pid with a start time that is not ours: the starter it names has gone and the pid was reused.
     d.watch("slot1", os.getpid(), peercred.start_time(os.getpid()) + 1)
-    assert d.watches == {}
+    assert d.jobs.peek("slot1") is None   # nothing watched
     (fn, args), = d.loop.soon
     assert fn == d._starter_exited and args[0] == "slot1"
 
