@@ -1,0 +1,136 @@
+"""Issue 27, the STARTER wrapper as a compiled program: lark-starter's start-to-exec, the Python one
+(lark/job/starter_wrapper.py) against the compiled one (lark/job/launcher/starter.c), alternated in one run.
+
+Each run is what the startd does at every job's start, with stand-ins: `stamp LARK_STARTER true -a slot1_1 <addr>`,
+LARK_REAL_STARTER=stamp. The first stamp marks the wrapper's exec, the second the real starter's (here the stamp
+program, which then execs `true`): the figure is the wrapper's whole share of a starter's start, its question to
+larkd included. larkd is a stand-in: a thread of this process on a Unix socket that answers every `sandbox_limit`
+with ok (limited), at once, so the figure holds no cgroup move (larkd's own cost: bench/sandbox_ask.py). "python" is
+lark-starter as pip installs it (a console script on this venv's Python, PYTHONPATH this repository); "compiled" is
+starter.c built here as `lark install-hook` builds it, with that script as its fallback (never taken here: counted).
+Both get LARK_REAL_STARTER in their environment, so the Python one runs no `condor_config_val LARK_REAL_STARTER`
+here (this host has no HTCondor): on an EP it also pays that, 8.12 ms in the testbed root, which the compiled one
+never runs (it has the path from install-hook).
+
+BENCH_N pairs (default 100; --quick 20), the pair's order alternating (python first, then compiled first) so that
+the other load on this shared machine falls on both alike; one pair first to warm up, not counted. Figures: wrapper
+exec -> real starter exec (p50/p90/p99) and the CPU of the whole run (user+system, os.wait4: the wrapper, its
+children, the two stamps and true).
+
+Prints a table, the load average before and after, then one line:
+py_p50_ms=<> py_p99_ms=<> c_p50_ms=<> c_p99_ms=<> saved_p50_ms=<> speedup=<> py_cpu_ms=<> c_cpu_ms=<> load1=<>
+failures=<n> fallbacks=<n>
+"""
+from __future__ import annotations
+
+import os
+import socketserver
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from e2e_latency import REPO, build_stamp, pct, stamps  # also puts the repository on sys.path
+
+from lark import hook_launcher, protocol
+
+QUICK = "--quick" in sys.argv[1:]
+N = int(os.environ.get("BENCH_N", "20" if QUICK else "100"))
+ARGS = ["true", "-a", "slot1_1", "<127.0.0.1:9618?addrs=127.0.0.1-9618>"]
+
+
+def stand_in_larkd(path: Path) -> tuple[socketserver.UnixStreamServer, list[int]]:
+    """Answers each sandbox_limit with ok (limited); counts them."""
+    asked = [0]
+
+    class Answer(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            msg = protocol.parse_request(self.rfile.readline())
+            asked[0] += msg.get("op") == "sandbox_limit"
+            self.wfile.write(protocol.ok(limited=True, cgroup="/sys/fs/cgroup/unified/lark.sandbox/starter-1-1"))
+
+    srv = socketserver.UnixStreamServer(str(path), Answer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, asked
+
+
+def programs(tmp: Path) -> dict[str, Path]:
+    py = tmp / "lark-starter"
+    py.write_text(f"#!{sys.executable}\nimport sys\nfrom lark.job.starter_wrapper import main\n"
+                  "if __name__ == '__main__':\n    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n"
+                  "    sys.exit(main())\n")
+    py.chmod(0o755)
+    marks = tmp / "fallbacks"
+    marks.mkdir()
+    counted = tmp / "lark-starter-counted"  # the compiled one's fallback: the Python one, after leaving a mark
+    counted.write_text(f'#!/bin/sh\n: > {marks}/$$\nexec {py} "$@"\n')
+    counted.chmod(0o755)
+    c = tmp / "lark-starter-compiled"
+    subprocess.run(["gcc", *hook_launcher.CFLAGS, f"-DLARK_PY_STARTER=\"{counted}\"",
+                    f"-DLARK_REAL_STARTER_PATH=\"{tmp / 'stamp'}\"", "-o", str(c), str(hook_launcher.STARTER_SOURCE)],
+                   check=True)
+    return {"python": py, "compiled": c}
+
+
+def one(stamp: Path, prog: Path, env: dict[str, str]) -> tuple[float | None, float, str]:
+    """(wrapper exec -> real starter exec in ms, or None when it failed; CPU ms; its output)."""
+    with tempfile.TemporaryFile(mode="w+") as out:
+        p = subprocess.Popen([str(stamp), str(prog), *ARGS], env=env, stdout=out, stderr=subprocess.STDOUT)
+        _, status, ru = os.wait4(p.pid, 0)
+        out.seek(0)
+        text = out.read()
+    st = stamps(text)
+    ok = os.waitstatus_to_exitcode(status) == 0 and len(st) == 2 and len(text.splitlines()) == 2
+    return ((st[1] - st[0]) / 1e6 if ok else None), (ru.ru_utime + ru.ru_stime) * 1000, text
+
+
+def main() -> int:
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="lark-bench-starter-") as d:
+        tmp = Path(d)
+        stamp = build_stamp(tmp)
+        progs = programs(tmp)
+        sock = tmp / "lark.sock"
+        srv, asked = stand_in_larkd(sock)
+        env = {"PATH": os.environ["PATH"], "LARK_SOCKET": str(sock), "LARK_REAL_STARTER": str(stamp),
+               "PYTHONPATH": str(REPO)}
+        got: dict[str, dict[str, list[float]]] = {k: {"ms": [], "cpu": []} for k in progs}
+        failures = 0
+        try:
+            for i in range(N + 1):  # the first pair warms up
+                for kind in (list(progs) if i % 2 == 0 else list(reversed(progs))):
+                    ms, cpu, text = one(stamp, progs[kind], env)
+                    if ms is None:
+                        failures += 1
+                        sys.stderr.write(f"{kind} lark-starter failed: {text.strip()[-300:]}\n")
+                    elif i:
+                        got[kind]["ms"].append(ms)
+                        got[kind]["cpu"].append(cpu)
+        finally:
+            srv.shutdown()
+            srv.server_close()
+        fallbacks = len(list((tmp / "fallbacks").iterdir()))
+        runs = 2 * (N + 1)
+    load_after = os.getloadavg()[0]
+    print(f"lark-starter start -> real starter exec, {N} alternated pairs (stand-in larkd answering sandbox_limit "
+          f"ok: {asked[0]} questions for {runs} runs)")
+    print(f"{'starter':10} {'n':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50 ms':>11}")
+    for kind, g in got.items():
+        print(f"{kind:10} {len(g['ms']):4d} {pct(g['ms'], 50):8.2f} {pct(g['ms'], 90):8.2f} {pct(g['ms'], 99):8.2f} "
+              f"{max(g['ms'], default=float('nan')):8.2f} {statistics.median(g['cpu'] or [float('nan')]):11.2f}")
+    print(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
+    py, c = got["python"]["ms"], got["compiled"]["ms"]
+    py50, c50 = pct(py, 50), pct(c, 50)
+    print(f"py_p50_ms={py50:.2f} py_p99_ms={pct(py, 99):.2f} c_p50_ms={c50:.2f} c_p99_ms={pct(c, 99):.2f} "
+          f"saved_p50_ms={py50 - c50:.2f} speedup={py50 / c50:.1f} "
+          f"py_cpu_ms={statistics.median(got['python']['cpu'] or [float('nan')]):.2f} "
+          f"c_cpu_ms={statistics.median(got['compiled']['cpu'] or [float('nan')]):.2f} load1={load_after:.2f} "
+          f"failures={failures} fallbacks={fallbacks}")
+    return 1 if failures or fallbacks or asked[0] != runs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
