@@ -8,23 +8,21 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 import threading
 import time
-from typing import overload
+from typing import TYPE_CHECKING, overload
 
 from pyroute2 import IPRoute
 
 from ..config import Config
 from ..errors import LarkError
-from ..kernel import dhcp, dhcp6, dns
 from ..kernel.accounting import Accountant
 from ..kernel.attach import make_modes
-from ..kernel.fairshare import FairShare, link_jobs, shares
+from ..kernel.dhcp import Lease
+from ..kernel.fairshare import link_jobs, shares
 from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import port_pool
 from ..kernel.ops import REAL, KernelOps
-from ..kernel.scitags import FireflyReporter
 from ..names import JobNames, host_mac_seed, set_process_mac_seed
 from ..plan import JobNetwork, NetworkPlan
 from ..realize.feasibility import HostProfile, check_feasible, host_profile
@@ -35,6 +33,9 @@ from .pins import merge_usage
 from .profiles import NO_NETWORK, Profile, make_profiles
 from .records import FinishedStore, JobRecord, RecordStore
 from .resources import TRANSFER_NETNS, JobCtx, resources
+
+if TYPE_CHECKING:  # types only: their operations are `self.kernel`'s
+    from ..kernel.scitags import FireflyReporter
 
 __all__ = ["TRANSFER_NETNS", "JobNetworker", "TeardownErrors"]
 
@@ -51,8 +52,8 @@ class JobNetworker:
         self.acct = accountant
         self.finished = finished
         self.modes = make_modes(cfg)
-        self.leases = dhcp.LeaseCache(os.path.join(cfg.state_dir, "leases"))
-        self.dns = dns.Forwarder(cfg)
+        self.leases = kernel.lease_cache(os.path.join(cfg.state_dir, "leases"))
+        self.dns = kernel.dns_forwarder(cfg)
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()
@@ -60,7 +61,7 @@ class JobNetworker:
         set_process_mac_seed(self.mac_seed)
         # Whether a network type registers (bridged) and is tagged: its profile's answer, i.e. its attach mode's.
         self.controller = ControllerClient(cfg, records, traits=lambda network_type: self.profiles.get(network_type))
-        self.fair = FairShare(cfg.fair_share_floor_mbit)
+        self.fair = kernel.fair_share(cfg.fair_share_floor_mbit)
         self._fireflies: FireflyReporter | None = None
         self._profiles: tuple[dict, dict[str, Profile]] | None = None
         self.engine = Engine(resources(self))
@@ -69,7 +70,7 @@ class JobNetworker:
     def fireflies(self) -> FireflyReporter | None:
         """The firefly sender, started on first use (only larkd tears down tagged jobs with a collector set)."""
         if self._fireflies is None and self.cfg.scitags_collector:
-            self._fireflies = FireflyReporter(parse_collector(self.cfg.scitags_collector))
+            self._fireflies = self.kernel.firefly_reporter(parse_collector(self.cfg.scitags_collector))
         return self._fireflies
 
     def resume_fireflies(self, rec: JobRecord) -> None:
@@ -112,7 +113,7 @@ class JobNetworker:
     def host_profile(self) -> HostProfile:
         """What this EP offers jobs: the modes made at start, the firewall backend, dhcpcd (looked up each time:
         installing it needs no restart)."""
-        return host_profile(self.cfg, self.modes, self.fw.name, shutil.which(dhcp6.CLIENT) is not None)
+        return host_profile(self.cfg, self.modes, self.fw.name, self.kernel.dhcpv6_client_installed())
 
     def check_feasible(self, plan: NetworkPlan) -> None:
         """PREPARE_JOB's check and setup both ask this, so they cannot disagree (lark/realize/feasibility.py)."""
@@ -178,7 +179,7 @@ class JobNetworker:
             rec = self.records.load(key)
             if not rec or not rec.plan.get("dhcp") or rec.phase != "ready":
                 continue
-            lease = dhcp.Lease.from_dict(rec.plan["dhcp"])
+            lease = Lease.from_dict(rec.plan["dhcp"])
             every = self.cfg.dhcp_renew_interval
             if not (lease.renew_due(now) or (every and now >= lease.obtained + every)):
                 continue
@@ -187,7 +188,7 @@ class JobNetworker:
                 fd = os.open(self.netns_path(key), os.O_RDONLY)
                 try:
                     with self.kernel.entered(fd):
-                        new = dhcp.Client(n.job_if, n.job_mac, rec.job_id).renew(lease)
+                        new = self.kernel.dhcp_renew(n.job_if, n.job_mac, rec.job_id, lease)
                 finally:
                     os.close(fd)
             except (LarkError, OSError) as e:

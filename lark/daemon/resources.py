@@ -14,24 +14,29 @@ import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..config import Config
 from ..errors import LarkError
-from ..kernel import dhcp, dhcp6, dns, dns6, ipv6auto, scitags, shaping
+from ..kernel import shaping
 from ..kernel.accounting import Accountant, link_reading
+from ..kernel.dhcp import Lease
 from ..kernel.drift import Finding, drifted
-from ..kernel.fairshare import FairShare
 from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import LockPool
 from ..kernel.ops import KernelOps
-from ..kernel.scitags import FireflyReporter
 from ..names import HOST_IF_PREFIX, JobNames, key_from_host_if
 from ..plan import JobNetwork
 from .controller_client import ControllerClient
 from .engine import Phase, TeardownErrors
 from .profiles import Profile
 from .records import JobRecord, RecordStore
+
+if TYPE_CHECKING:  # types only: their operations are the host's `kernel`'s
+    from ..kernel.dhcp import LeaseCache
+    from ..kernel.dns import Forwarder
+    from ..kernel.fairshare import FairShare
+    from ..kernel.scitags import FireflyReporter
 
 log = logging.getLogger(__name__)
 # A record's job_pid for a network larkd built in a namespace of its own making, for a job's file-transfer plugins
@@ -45,8 +50,8 @@ class Host(Protocol):
     fw: Firewall
     acct: Accountant
     records: RecordStore
-    leases: dhcp.LeaseCache
-    dns: dns.Forwarder
+    leases: LeaseCache
+    dns: Forwarder
     fair: FairShare
     controller: ControllerClient
     ports: LockPool
@@ -186,7 +191,7 @@ class Reservations(Base):
             got.update(ipv4=mode.pool.reserve(plan.key, plan.job_id), gateway4=mode.gateway, ipv4_prefix=mode.prefix)
         if prof.slaac(plan, cfg) or prof.dhcpv6(plan, cfg):
             # The address comes from the site's router or DHCPv6 server (the address resource).
-            ipv6auto.prepare_job_netns(ctx.ns_fd, autoconf=prof.slaac(plan, cfg))
+            self.host.kernel.prepare_ipv6_auto(ctx.ns_fd, autoconf=prof.slaac(plan, cfg))
         elif plan.wants_ipv6:
             assert mode.pool6 is not None, "check_feasible refuses IPv6 jobs of modes without an IPv6 source"
             got.update(ipv6=mode.pool6.reserve(plan.key, plan.job_id), gateway6=mode.gateway6,
@@ -295,7 +300,7 @@ class DhcpLease(Base):
         ctx.set_net(ctx.net.with_addresses(ipv4=lease.address, ipv4_prefix=lease.prefix,
                                            gateway4=lease.router or ctx.profile.mode.gateway, dhcp=lease.to_dict()))
 
-    def _lease(self, ctx: JobCtx) -> dhcp.Lease:
+    def _lease(self, ctx: JobCtx) -> Lease:
         assert ctx.net is not None
         plan, n = ctx.net.plan, ctx.names
         cached = self.host.leases.get(plan.key, plan.owner)  # never another owner's lease (nor its address)
@@ -303,7 +308,7 @@ class DhcpLease(Base):
             log.info("job %s reuses the slot's DHCP lease %s (server %s)", plan.job_id, cached.address, cached.server)
             return cached
         with self.host.kernel.entered(ctx.ns_fd):
-            lease = dhcp.Client(n.job_if, n.job_mac, plan.job_id, owner=plan.owner).acquire()
+            lease = self.host.kernel.dhcp_acquire(n.job_if, n.job_mac, plan.job_id, owner=plan.owner)
         self.host.leases.put(plan.key, lease)
         log.info("job %s got DHCP lease %s/%d from %s for %d s", plan.job_id, lease.address, lease.prefix,
                  lease.server, lease.lease_time)
@@ -316,12 +321,12 @@ class DhcpLease(Base):
         rec = ctx.rec
         if not (rec and rec.plan.get("dhcp") and self.host.cfg.dhcp_release):
             return
-        lease = dhcp.Lease.from_dict(rec.plan["dhcp"])
+        lease = Lease.from_dict(rec.plan["dhcp"])
         try:
             fd = os.open(self.host.netns_path(ctx.key), os.O_RDONLY)
             try:
                 with self.host.kernel.entered(fd):
-                    dhcp.Client(ctx.names.job_if, ctx.names.job_mac, rec.job_id).release(lease)
+                    self.host.kernel.dhcp_release(ctx.names.job_if, ctx.names.job_mac, rec.job_id, lease)
             finally:
                 os.close(fd)
         except OSError as e:
@@ -343,15 +348,16 @@ class Address(Base):
         if net.addrs.ipv6:
             self.host.kernel.add_job_address6(nipr, idx, net.addrs.ipv6, net.addrs.ipv6_prefix, net.addrs.gateway6)
         elif ctx.profile.slaac(net.plan, cfg):
-            ipv6, prefix = ipv6auto.wait_for_slaac(nipr, idx, net.plan.job_id, cfg.slaac_timeout)
+            ipv6, prefix = self.host.kernel.wait_for_slaac(nipr, idx, net.plan.job_id, cfg.slaac_timeout)
             ctx.set_net(net.with_addresses(ipv6=ipv6, ipv6_prefix=prefix))
         elif ctx.profile.dhcpv6(net.plan, cfg):
-            ipv6, prefix = dhcp6.acquire(cfg, net.plan.key, self.host.netns_path(net.plan.key), ctx.names.job_if,
-                                         nipr, idx, net.plan.job_id, cfg.dhcpv6_timeout)
+            ipv6, prefix = self.host.kernel.dhcpv6_acquire(cfg, net.plan.key, self.host.netns_path(net.plan.key),
+                                                           ctx.names.job_if, nipr, idx, net.plan.job_id,
+                                                           cfg.dhcpv6_timeout)
             ctx.set_net(net.with_addresses(ipv6=ipv6, ipv6_prefix=prefix))
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
-        errors.run("stop the DHCPv6 client", dhcp6.stop, self.host.cfg, ctx.key)
+        errors.run("stop the DHCPv6 client", self.host.kernel.dhcpv6_stop, self.host.cfg, ctx.key)
 
     def check(self, ctx: CheckCtx) -> list[Finding]:
         if ctx.nipr is None or ctx.job_idx is None:
@@ -366,7 +372,7 @@ class Address(Base):
 
     def keys(self) -> Iterable[tuple[str, str]]:
         # A client in a job's netns keeps it alive after its name is gone; its directory names the job.
-        return [(k, "DHCPv6 client") for k in dhcp6.job_keys(self.host.cfg)]
+        return [(k, "DHCPv6 client") for k in self.host.kernel.dhcpv6_keys(self.host.cfg)]
 
 
 class DnsSteering(Base):
@@ -381,10 +387,11 @@ class DnsSteering(Base):
                                    self.host.netns_path(plan.key), ctx.names.job_if, ctx.job_idx, plan.job_id)
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
-        errors.run("stop the IPv6 DNS relay", dns.dns6.stop_relay, self.host.cfg, self.host.netns_path(ctx.key))
+        errors.run("stop the IPv6 DNS relay", self.host.kernel.stop_dns6_relay, self.host.cfg,
+                   self.host.netns_path(ctx.key))
 
     def keys(self) -> Iterable[tuple[str, str]]:
-        return [(k, "IPv6 DNS relay") for k in dns6.job_keys(self.host.cfg)]
+        return [(k, "IPv6 DNS relay") for k in self.host.kernel.dns6_relay_keys(self.host.cfg)]
 
 
 class Shaping(Base):
@@ -454,7 +461,7 @@ class SciTags(Base):
         plan, fireflies = ctx.net.plan, self.host.fireflies
         if not plan.scitag:
             return
-        scitags.secure(ctx.ns_fd, plan.job_id, plan.scitag, fireflies=fireflies is not None)
+        self.host.kernel.scitags_secure(ctx.ns_fd, plan.job_id, plan.scitag, fireflies=fireflies is not None)
         if fireflies is not None:
             fireflies.watch(plan.key, plan.job_id, ctx.ns_fd, plan.scitag,
                             {a for a in (ctx.net.ipv4, ctx.net.ipv6) if a})
@@ -467,7 +474,8 @@ class SciTags(Base):
     def check(self, ctx: CheckCtx) -> list[Finding]:
         if ctx.ns_fd is None or ctx.profile is None or not ctx.job.plan.scitag:
             return []
-        return scitags.verify(ctx.ns_fd, ctx.job.plan.scitag, fireflies=bool(self.host.cfg.scitags_collector))
+        return self.host.kernel.scitags_verify(ctx.ns_fd, ctx.job.plan.scitag,
+                                               fireflies=bool(self.host.cfg.scitags_collector))
 
 
 _UNLABELLED_WARNED: set[str] = set()   # network types whose jobs got a label this larkd cannot apply (logged once)

@@ -3,16 +3,25 @@
 The way Kubernetes tests its nftables code against a fake: every kernel call that jobnet makes (the operations of
 lark/kernel/ops.py's KernelOps, the attach mode and the firewall driver) changes a set of named objects here
 instead of the kernel, and any step can be told to fail. All three are given to the JobNetworker (injection, no
-patching of lark's modules). The address pools stay real (lock files in a temp dir),
-so a test also sees whether addresses were given back.
+patching of lark's modules). That includes what bridged jobs reach outside the host: the site's DHCP server (its
+leases are objects "dhcp-lease"), the DHCPv6 client and the IPv6 DNS relay in the job's netns (processes: objects
+"dhcpv6-client", "dns6-relay"), SLAAC, SciTags and the firefly reporter ("fireflies"), and the fair-share limits.
+Each resource's add is followed by a step "<resource>.added", so a failure can be injected after any resource
+did its work (a resource that fails mid-setup). The address pools, records and the DHCP lease cache stay real
+(files in a temp dir), so a test also sees whether addresses were given back.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import os
+import time
 from types import SimpleNamespace
+from typing import Any
 
 from lark.config import Config
+from lark.daemon.engine import Engine, TeardownErrors
 from lark.daemon.jobnet import JobNetworker
 from lark.daemon.records import FinishedStore, RecordStore
 from lark.kernel.accounting import Accountant
@@ -20,7 +29,9 @@ from lark.kernel.attach.base import AttachMode, BridgedMode
 from lark.kernel.attach.bridge import BridgeMode
 from lark.kernel.attach.nat import NatMode
 from lark.kernel.attach.ovs import OvsMode
+from lark.kernel.dhcp import Lease
 from lark.kernel.drift import Finding, drifted, present
+from lark.kernel.fairshare import FairShare, LinkJob
 from lark.kernel.firewall.base import Counters, Firewall
 from lark.kernel.ops import KernelOps
 from lark.names import JobNames
@@ -35,6 +46,9 @@ class FakeKernel:
         self.objects: set[tuple[str, str]] = set()   # (kind, name): ("netns", "lark-slot1"), ("link", "lk-slot1")
         self.fail: set[str] = set()                  # names of steps that raise
         self.calls: list[str] = []
+        # The host's resolv.conf has ::1 as well as 127.0.0.53: each job with IPv4 gets an IPv6 DNS relay (a
+        # process in its netns, object "dns6-relay"); off by default (127.0.0.53 only: no relay).
+        self.loopback_ns6 = False
 
     def step(self, name: str) -> None:
         self.calls.append(name)
@@ -165,6 +179,64 @@ FAKE_MODES: dict[str, type] = {"nat": FakeMode, "bridge": FakeBridgeMode, "ovs_b
 BRIDGED_CONFIG = {"bridge_range": "192.0.2.10-192.0.2.12", "bridge_gateway": "192.0.2.1", "bridge_prefix": 24}
 
 
+class FakeFireflies:
+    """The SciTags firefly reporter: a job's watch is an object ("fireflies", key) until its end fireflies go."""
+
+    def __init__(self, kernel: FakeKernel, collector: tuple[str, int]):
+        self.k = kernel
+        self.collector = collector
+
+    def watch(self, key: str, job_id: str, ns_fd: int, scitag: int, addresses: set[str]) -> None:
+        self.k.step("fireflies.watch")
+        self.k.objects.add(("fireflies", key))
+
+    def finish(self, key: str) -> int:
+        self.k.step("fireflies.finish")
+        found = ("fireflies", key) in self.k.objects
+        self.k.objects.discard(("fireflies", key))
+        return 2 if found else 0   # a start and an end firefly
+
+    def close(self) -> None:
+        return None
+
+
+class FakeFairShare(FairShare):
+    """The real share arithmetic and lock; moving a running job's limit is a step on the fake kernel."""
+
+    def __init__(self, floor_mbit: float, kernel: FakeKernel):
+        super().__init__(floor_mbit)
+        self.k = kernel
+        self.moved: list[tuple[str, float]] = []
+
+    def _change(self, ipr: Any, job: LinkJob, mbit: float) -> None:  # type: ignore[override]
+        self.k.step("fairshare.change")
+        self.moved.append((job.key, mbit))
+
+
+class StepAfterAdd:
+    """A resource of the real list whose add, once done, is followed by the fake kernel's step "<name>.added"
+    (so a test can fail a setup right after any resource made its part); everything else is the resource's own."""
+
+    def __init__(self, inner: Any, kernel: FakeKernel):
+        self.inner = inner
+        self.k = kernel
+        self.name = inner.name
+        self.phase = inner.phase
+
+    def add(self, ctx: Any) -> None:
+        self.inner.add(ctx)
+        self.k.step(f"{self.name}.added")
+
+    def remove(self, ctx: Any, errors: TeardownErrors) -> None:
+        self.inner.remove(ctx, errors)
+
+    def keys(self):
+        return self.inner.keys()
+
+    def check(self, ctx: Any) -> list[Finding]:
+        return self.inner.check(ctx)
+
+
 class FakeNetlink:
     """A netlink socket on the fake kernel: a context manager whose host end of every veth has index 7."""
 
@@ -217,9 +289,14 @@ def fake_kernel_ops(k: FakeKernel) -> KernelOps:
         what = f"netns {os.path.basename(path)}"
         return present(what) if ("netns", os.path.basename(path)) in k.objects else drifted(what, "gone", "netns")
 
+    host_if_of_mac: dict[str, str] = {}   # the DHCP server knows a client by its MAC
+    served = itertools.count(50)          # the fake DHCP server's next address: 198.51.100.50, .51...
+
     def create_veth(ipr, host_if, job_if, ns_fd, job, job_mac=None, mtu=None) -> None:
         k.step("links.create_veth")
         k.objects.add(("link", host_if))
+        if job_mac:
+            host_if_of_mac[job_mac] = host_if
 
     def delete_link(ipr, ifname) -> bool:
         k.step("links.delete_link")
@@ -244,6 +321,50 @@ def fake_kernel_ops(k: FakeKernel) -> KernelOps:
             return [drifted(f"veth {host_if}", "gone", "veth")], None, None
         return [present(f"veth {host_if}")], 7, 2
 
+    def dhcp_acquire(ifname: str, mac: str, job: str, owner: str = "") -> Lease:
+        k.step("dhcp.acquire")
+        lease = Lease(address=f"198.51.100.{next(served)}", prefix=24, router="198.51.100.1",
+                      server="198.51.100.2", lease_time=3600, t1=1800, t2=3150, obtained=time.time(), owner=owner)
+        k.objects.add(("dhcp-lease", f"{lease.address}/{host_if_of_mac[mac]}"))
+        return lease
+
+    def dhcp_renew(ifname: str, mac: str, job: str, lease: Lease) -> Lease:
+        k.step("dhcp.renew")
+        return Lease(**{**lease.to_dict(), "obtained": time.time()})
+
+    def dhcp_release(ifname: str, mac: str, job: str, lease: Lease) -> None:
+        k.step("dhcp.release")
+        k.objects -= {o for o in k.objects if o[0] == "dhcp-lease" and o[1].startswith(lease.address + "/")}
+
+    def dhcpv6_acquire(cfg, key, netns_path, job_if, nipr, idx, job, timeout) -> tuple[str, int]:
+        k.objects.add(("dhcpv6-client", key))   # dhcpcd runs from here on, lease or not: teardown stops it
+        k.step("dhcp6.acquire")
+        return "2001:db8:5::d", 128
+
+    def dhcpv6_stop(cfg, key) -> bool:
+        k.step("dhcp6.stop")
+        found = ("dhcpv6-client", key) in k.objects
+        k.objects.discard(("dhcpv6-client", key))
+        return found
+
+    def setup_dns(fwd, ipr, host_device, ipv4, ns_fd, netns_path, job_if, job_idx, job) -> list[str]:
+        k.step("dns.setup_job")
+        if not ipv4:
+            return []
+        if not k.loopback_ns6:
+            return ["127.0.0.53"]
+        k.objects.add(("dns6-relay", os.path.basename(netns_path)))  # the relay runs from here on
+        return ["127.0.0.53", "::1"]
+
+    def stop_dns6_relay(cfg, netns_path: str) -> bool:
+        k.step("dns6.stop_relay")
+        found = ("dns6-relay", os.path.basename(netns_path)) in k.objects
+        k.objects.discard(("dns6-relay", os.path.basename(netns_path)))
+        return found
+
+    def dns6_relay_keys(cfg) -> set[str]:
+        return {n[len(cfg.netns_prefix):] for kind, n in k.objects if kind == "dns6-relay"}
+
     return KernelOps(
         host_netlink=FakeNetlink,
         create_netns=create, attach_netns=attach, detach_netns=detach,
@@ -258,14 +379,24 @@ def fake_kernel_ops(k: FakeKernel) -> KernelOps:
         apply_shaping=lambda *a: k.step("shaping.apply"), verify_shaping=lambda *a: [present("tc htb")],
         secure_job_netns=lambda *a, **kw: k.step("job_netns.secure"),
         verify_job_netns=lambda *a, **kw: [present("job netns filter")],
-        setup_dns=lambda *a: k.step("dns.setup_job"))
+        setup_dns=setup_dns, stop_dns6_relay=stop_dns6_relay, dns6_relay_keys=dns6_relay_keys,
+        dhcp_acquire=dhcp_acquire, dhcp_renew=dhcp_renew, dhcp_release=dhcp_release,
+        prepare_ipv6_auto=lambda ns_fd, autoconf=True: k.step("ipv6auto.prepare"),
+        wait_for_slaac=lambda nipr, idx, job, timeout: k.step("ipv6auto.wait_for_slaac") or ("2001:db8:5::a", 64),
+        dhcpv6_client_installed=lambda: True, dhcpv6_acquire=dhcpv6_acquire, dhcpv6_stop=dhcpv6_stop,
+        dhcpv6_keys=lambda cfg: {n for kind, n in k.objects if kind == "dhcpv6-client"},
+        scitags_secure=lambda ns_fd, job, scitag, fireflies=False: k.step("scitags.secure"),
+        scitags_verify=lambda ns_fd, scitag, fireflies=False: [present(f"SciTags table (tag {scitag})")],
+        firefly_reporter=lambda collector: FakeFireflies(k, collector),
+        fair_share=lambda floor: FakeFairShare(floor, k))
 
 
-def fake_networker(tmp: str, monkeypatch=None, modes: tuple[str, ...] = ("nat",),
+def fake_networker(tmp: str, monkeypatch=None, modes: tuple[str, ...] = ("nat",), ops: dict | None = None,
                    **cfg_overrides) -> tuple[JobNetworker, FakeKernel]:
     """A JobNetworker whose kernel is a FakeKernel: real records, pools and accounting in `tmp`; one fake attach
-    mode per name in `modes` (nat, bridge, ovs_bridge). Nothing is patched: the fake kernel operations, firewall
-    and modes are given to the JobNetworker (`monkeypatch` is accepted for the callers that pass it)."""
+    mode per name in `modes` (nat, bridge, ovs_bridge); `ops`: KernelOps fields to use instead of the fake's
+    (e.g. a real one, to test it under the orchestration). Nothing is patched: the fake kernel operations,
+    firewall and modes are given to the JobNetworker (`monkeypatch` is accepted for the callers that pass it)."""
     k = FakeKernel()
     if set(modes) - {"nat"}:
         cfg_overrides = {**BRIDGED_CONFIG, **cfg_overrides}
@@ -274,6 +405,8 @@ def fake_networker(tmp: str, monkeypatch=None, modes: tuple[str, ...] = ("nat",)
     os.makedirs(cfg.netns_dir)
     fw = FakeFirewall(cfg, k)
     net = JobNetworker(cfg, fw, RecordStore(cfg.records_dir), Accountant(fw),
-                       FinishedStore(os.path.join(cfg.state_dir, "finished")), kernel=fake_kernel_ops(k))
+                       FinishedStore(os.path.join(cfg.state_dir, "finished")),
+                       kernel=dataclasses.replace(fake_kernel_ops(k), **(ops or {})))
     net.modes = {name: FAKE_MODES[name](cfg, k) for name in modes}
+    net.engine = Engine([StepAfterAdd(r, k) for r in net.engine.resources])
     return net, k

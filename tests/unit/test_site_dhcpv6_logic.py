@@ -7,7 +7,6 @@ import pytest
 
 from helpers.fakekernel import fake_networker
 from lark.config import Config
-from lark.daemon import jobnet as jobnet_mod
 from lark.errors import LarkError
 from lark.kernel import dhcp6
 from lark.kernel.attach.ovs import auto6_pre_address_flows
@@ -94,7 +93,6 @@ def test_missing_dhcpcd_is_a_clear_error(tmp_path, monkeypatch):
 
 def test_teardown_stops_the_client_before_the_netns_and_goes_on_past_its_failure(tmp_path, monkeypatch):
     net, k = fake_networker(str(tmp_path), monkeypatch)
-    monkeypatch.setattr(jobnet_mod.dhcp6, "stop", lambda cfg, key: k.step("dhcp6.stop"))
     net.setup(NetworkPlan(job_id="7.0", slot="slot1", key="slot1"), os.getpid(), 1, os.getpid(), 99)
     k.fail.add("dhcp6.stop")
     with pytest.raises(LarkError) as e:
@@ -115,9 +113,11 @@ def test_doctor_names_the_package_when_dhcpv6_is_configured_without_dhcpcd():
 
 
 def test_gc_finds_and_stops_daemons_left_in_a_jobs_netns_after_its_name_is_gone(tmp_path, monkeypatch):
-    net, k = fake_networker(str(tmp_path), monkeypatch)
     from lark.daemon.sweep import sweep
     from lark.kernel import dns6
+    # The real client and relay bookkeeping (directories under run_dir) under the fake kernel's orchestration.
+    net, _ = fake_networker(str(tmp_path), ops=dict(dhcpv6_keys=dhcp6.job_keys, dhcpv6_stop=dhcp6.stop,
+                                                    dns6_relay_keys=dns6.job_keys, stop_dns6_relay=dns6.stop_relay))
     os.makedirs(os.path.join(dhcp6.job_dir(net.cfg, "slot9"), "run"))
     os.makedirs(dns6.relay_dir(net.cfg, net.netns_path("slot9")))
     os.makedirs(dhcp6.job_dir(net.cfg, "slot8"))   # a running job's: kept
