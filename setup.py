@@ -8,7 +8,7 @@ setup(
     description="Per-job network namespaces, policy, shaping and accounting for HTCondor",
     packages=find_packages(include=["lark", "lark.*"]),
     # compiled by `lark install-hook` (starter.c includes job_wrapper.c)
-    package_data={"lark.job": ["launcher/prepare_job.c", "launcher/job_wrapper.c", "launcher/starter.c"]},
+    package_data={"lark.job": ["launcher/prepare_job.c", "launcher/job_wrapper.c", "launcher/starter.c", "launcher/larkd_client.h"]},
     python_requires=">=3.11",
     install_requires=[
         "pyroute2>=0.9,<0.10",

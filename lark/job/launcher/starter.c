@@ -24,8 +24,8 @@
  * could move, and after the question (larkd moves the same pid again at a second one: the answer is the same) an
  * answer that is not plain ASCII JSON, or whose "error" is not an ASCII string, or one too large to hold.
  *
- * The larkd client (socket_path, ask, parse_answer, truthy, coerce_c_locale_like_python) is the compiled job
- * wrapper's, included below with its main() renamed: one copy of that code.
+ * The larkd client (socket_path, ask, describe_outcome, parse_answer, truthy, coerce_c_locale_like_python) is
+ * larkd_client.h, which the compiled job wrapper uses too.
  *
  * Build: gcc -O2 -Wall -Wextra -Werror -DLARK_PY_STARTER='"/opt/lark/bin/lark-starter"'
  *            -DLARK_REAL_STARTER_PATH='"/usr/sbin/condor_starter"' -o OUT starter.c
@@ -37,10 +37,8 @@
 #error "build with -DLARK_REAL_STARTER_PATH='\"/usr/sbin/condor_starter\"' (condor_config_val LARK_REAL_STARTER)"
 #endif
 
-#define LARK_PY_WRAPPER LARK_PY_STARTER  /* only the job wrapper's own main() uses it; never run here */
-#define main lark_job_wrapper_main
-#include "job_wrapper.c"
-#undef main
+#include "larkd_client.h"  /* larkd's client, shared with job_wrapper.c */
+#include <signal.h>
 
 #define ASK_TIMEOUT_S 5.0  /* starter_wrapper.SANDBOX_ASK_TIMEOUT */
 
@@ -129,22 +127,6 @@ static int plain_ascii(const char *s) {
     return 1;
 }
 
-/* What client.call raised, as str() renders it, for the connection's outcome (GOT_ANSWER: nothing to say). */
-static void say_outcome(char *why, size_t cap, const char *path, enum outcome got, int err) {
-    static const char *const what[] = {
-        [NO_SOCKET] = "larkd is not running (no socket) (" START_LARKD ")",
-        [REFUSED] = "larkd is not running (connection refused) (" START_LARKD ")",
-        [DENIED] = "permission denied on the larkd socket",
-        [QUEUE_FULL] = "larkd's connection queue stayed full (retry in a moment)",
-        [CLOSED] = "larkd closed the connection without answering (check larkd's log)",
-    };
-    if (got == TIMED_OUT) snprintf(why, cap, "%s: larkd did not answer within %g s (check larkd's log)", path,
-                                   ASK_TIMEOUT_S);
-    else if (got == LOST) snprintf(why, cap, "%s: connection to larkd lost (%s) (larkd may have died; check its log "
-                                   "and restart it)", path, strerror(err));
-    else snprintf(why, cap, "%s: %s", path, what[got]);
-}
-
 /* starter_wrapper.ask_sandbox_limit(): 0 done (asked, or said why not on stderr), -1 left to the Python one. */
 static int ask_sandbox_limit(void) {
     int off = sandbox_limit_off();
@@ -162,7 +144,7 @@ static int ask_sandbox_limit(void) {
     enum outcome got = ask(path, req, ASK_TIMEOUT_S, &buf, &len, &err);
     free(req);
     if (got == LOST && (err == EMSGSIZE || err == ENOMEM)) return -1;  /* an answer past 1 MiB: Python reads on */
-    if (got != GOT_ANSWER) say_outcome(why, sizeof why, path, got, err);
+    if (got != GOT_ANSWER) describe_outcome(why, sizeof why, path, got, err, ASK_TIMEOUT_S);
     else {
         struct answer a;
         int bad = parse_answer(buf, len, &a);
