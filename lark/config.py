@@ -15,6 +15,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from .errors import LarkError
 from .names import DEFAULT_NETNS_PREFIX
@@ -26,6 +27,17 @@ KNOB_PREFIX = "LARK_"
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 
 
+T = TypeVar("T")
+# A field's metadata when condor_reconfig may change it while jobs run (lark/daemon/reload.py applies it at once);
+# every other field is baked into kernel objects or running jobs, and a change to it needs larkd restarted.
+LIVE = {"live": True}
+
+
+def live(default: T) -> T:
+    """A field that condor_reconfig changes at once, with this default."""
+    return field(default=default, metadata=LIVE)
+
+
 @dataclass
 class Config:
     # [daemon]
@@ -35,16 +47,16 @@ class Config:
     netns_dir: str = "/run/netns"       # where job namespaces are named (`ip netns` lists them)
     netns_prefix: str = DEFAULT_NETNS_PREFIX  # job namespace names: <prefix><slot key>
     # a job must descend from a root process running one of these
-    starter_paths: list[str] = field(default_factory=lambda: ["/usr/sbin/condor_starter"])
+    starter_paths: list[str] = field(default_factory=lambda: ["/usr/sbin/condor_starter"], metadata=LIVE)
     ad_source: str = "startd"           # "startd": the local startd and schedd (htcondor2); "files": ad_dir
     ad_dir: str = "/run/lark/ads"       # ad_source "files": <slot>.job.ad and <slot>.machine.ad, root-owned
-    poll_interval: float = 5.0          # seconds between counter reads
-    request_timeout: float = 5.0        # seconds a client has to send its request
+    poll_interval: float = live(5.0)    # seconds between counter reads
+    request_timeout: float = live(5.0)  # seconds a client has to send its request
     max_request_bytes: int = 65536      # longest request line accepted
     setup_workers: int = 4              # threads that build and tear down job networks
-    finished_keep: int = 10000          # finished-job records kept in state_dir/finished
-    callout: str = ""                   # admin callout run before the policy (docs/policy.md); "" = none
-    callout_timeout: float = 5.0        # seconds the callout may take
+    finished_keep: int = live(10000)    # finished-job records kept in state_dir/finished
+    callout: str = live("")             # admin callout run before the policy (docs/policy.md); "" = none
+    callout_timeout: float = live(5.0)  # seconds the callout may take
     log_file: str = ""                  # larkd's log (an absolute path; reopened when rotated); "" = stderr
     # Connections one party may hold open at once (issue 14 item 4): a non-root process outside any job, per
     # uid; all such uids together; the processes of one job (under one starter). Root has its own headroom.
@@ -60,7 +72,7 @@ class Config:
     # while condor_master restarts it) to write the final figures before the job leaves; 0 = no barrier (the
     # wrapper execs the job and the figures come from larkd's periodic and final pushes only). No barrier either
     # when larkd pushes to no schedd (ad_source files, or schedd_push_interval 0).
-    exit_barrier_wait: float = 60.0
+    exit_barrier_wait: float = live(60.0)
     # The sshd larkd runs for a condor_ssh_to_job session in the job's network namespace, as the job's user (the
     # starter's own configuration file; HTCondor's SSH_TO_JOB_SSHD names the same program for the starter).
     ssh_sshd: str = "/usr/sbin/sshd"
@@ -68,7 +80,7 @@ class Config:
     # for: larkd runs the one of the wrapper's name from here, in the job's network namespace, as the job's user.
     transfer_plugin_dir: str = "/usr/libexec/condor"
     # dockerd's API socket, where larkd asks a docker job's container name (docker_setup, from lark-oci-runtime)
-    docker_host: str = "unix:///run/docker.sock"
+    docker_host: str = live("unix:///run/docker.sock")
     # The sandbox transfer (starter <-> shadow) limited to the slot's Bandwidth, each way: larkd puts each starter
     # in a cgroup v2 of its own and polices its sockets with nft (lark/daemon/sandbox.py, docs/admin.md).
     sandbox_limit: bool = True
@@ -89,14 +101,14 @@ class Config:
     # What Lark's firewall does with forwarded traffic that is not a job's: "lark-only" drops it (unless part of
     # an established flow), "any" leaves it, "auto" drops it only when Lark itself turned ip_forward on.
     forward_policy: str = "auto"
-    default_network_type: str = "nat"   # when the machine policy sets no NetworkType
+    default_network_type: str = live("nat")  # when the machine policy sets no NetworkType
     # The uplink's capacity (Mbit/s) when it reports no speed (virtual NICs): used by detect-bandwidth, and by
     # "fair" for slots without a Bandwidth inventory (before the link speed); 0 = none.
     bandwidth_mbit: int = 0
     # Limit for jobs whose slot was allocated no Bandwidth: "fair" (an equal share of what the running
     # reserved jobs leave of the link, so the sum of limits never exceeds it), "unlimited", "share" (the
     # machine's bandwidth times the slot's share of its cpus), or a number of Mbit/s.
-    default_bandwidth: str = "fair"
+    default_bandwidth: str = live("fair")
     # "fair": the least an unreserved job gets when reservations fill the link (Mbit/s, each direction).
     fair_share_floor_mbit: float = 1.0
     bridge_name: str = "lkbr0"          # bridge mode: created if missing (STP off, forward delay 0), adopted if present
@@ -121,8 +133,8 @@ class Config:
     bridge_ipv6: str = "static"
     slaac_timeout: float = 5.0          # seconds to wait for a router advertisement (bridge_ipv6 = "slaac")
     dhcpv6_timeout: float = 10.0        # seconds to wait for a DHCPv6 lease and a route (bridge_ipv6 = "dhcpv6")
-    dhcp_release: bool = False          # release a job's lease when it ends (else cache it for the slot's next job)
-    dhcp_renew_interval: float = 0.0    # renew at least this often (s); 0: at the server's T1 only
+    dhcp_release: bool = live(False)    # release a job's lease when it ends (else cache it for the slot's next job)
+    dhcp_renew_interval: float = live(0.0)  # renew at least this often (s); 0: at the server's T1 only
     ovs_bridge_name: str = "lkovs0"     # Open vSwitch mode ("ovs_bridge"; same addressing knobs as bridge mode)
     ovs_uplink: str = ""                # added to the OVS bridge when Lark creates it
     ovs_db: str = "unix:/var/run/openvswitch/db.sock"  # OVSDB remote
@@ -356,11 +368,8 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 # Fields whose users read them from the shared Config object each time (the poller, request handling, the
 # policy engine, DHCP renewal, finished-record pruning): on SIGHUP (lark.daemon.reload), assigning them on the
 # live object is enough; the rest need a restart. Here, with the fields, so the knob table can say which is which.
-LIVE_FIELDS = frozenset({
-    "poll_interval", "request_timeout", "callout", "callout_timeout", "starter_paths", "default_bandwidth",
-    "default_network_type", "dhcp_release", "dhcp_renew_interval", "finished_keep",
-    "exit_barrier_wait", "docker_host",
-})
+# The knobs that condor_reconfig changes at once (larkd reads them afresh on every use): the fields marked live.
+LIVE_FIELDS = frozenset(f.name for f in dataclasses.fields(Config) if f.metadata.get("live"))
 
 
 def from_mapping(data: dict, path: str = "config") -> Config:

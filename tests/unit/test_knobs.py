@@ -109,6 +109,22 @@ def test_reload_applies_live_knobs_and_lists_the_ones_that_need_a_restart():
     assert reload_mod.LIVE_FIELDS <= {f.name for f in dataclasses.fields(Config)}
 
 
+def test_reload_applies_exactly_the_fields_marked_live():
+    """Whether a knob changes at once or needs a restart is said on its field (config.live); reload follows it."""
+    marked = {f.name for f in dataclasses.fields(Config) if f.metadata.get("live")}
+    assert "poll_interval" in marked and "subnet" not in marked
+    for f in dataclasses.fields(Config):
+        cfg = Config()
+        changed = object()     # any value unequal to the running one
+        applied, restart = reload_mod.apply(cfg, dataclasses.replace(cfg, **{f.name: changed}))
+        if f.name in marked:
+            assert len(applied) == 1 and applied[0].startswith(knob_name(f.name) + " ") and not restart, f.name
+            assert getattr(cfg, f.name) is changed, f.name
+        else:
+            assert restart == [knob_name(f.name)] and not applied, f.name
+            assert getattr(cfg, f.name) is not changed, f.name
+
+
 def test_a_bad_configuration_on_reload_keeps_the_running_one(tmp_path, monkeypatch, caplog):
     from lark.daemon import server
     toml = tmp_path / "lark.toml"
