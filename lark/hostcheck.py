@@ -263,8 +263,9 @@ def unwrapped_plugins(run: Runner) -> list[str]:
 
 def sandbox_transfer(run: Runner) -> str:
     """What LARK_SANDBOX_LIMIT does here: the sandbox (starter <-> shadow) limited to the slot's Bandwidth when it is
-    on (its default), lark-starter is the STARTER (it asks larkd) and cgroup v2 is mounted (lark/daemon/sandbox.py)."""
-    from .daemon.sandbox import cgroup2_mount, job_cgroups_follow_the_starter
+    on (its default), lark-starter is the STARTER (it asks larkd) and cgroup v2 is mounted
+    (lark/kernel/sandbox_police.py)."""
+    from .kernel.sandbox_police import cgroup2_mount, job_cgroups_follow_the_starter
     counted = "HTCondor counts it in BytesRecvd / BytesSent"
     if not condor_true(condor_param(run, "LARK_SANDBOX_LIMIT") or "true"):
         return f"sandbox transfer to and from the shadow not limited (LARK_SANDBOX_LIMIT = false; {counted})"

@@ -34,9 +34,6 @@ from ..kernel.sandbox_police import (
 )
 from . import peercred
 
-__all__ = ["CHAINS", "SandboxLimiter", "Starter", "cgroup2_mount", "job_cgroups_follow_the_starter",
-           "slot_bandwidth"]
-
 log = logging.getLogger(__name__)
 
 

@@ -1,5 +1,5 @@
-"""larkd's `sandbox_limit` operation and the life of each limit it grants (issue 22; the cgroup and nft work itself
-is lark/daemon/sandbox.py's SandboxLimiter).
+"""larkd's `sandbox_limit` operation and the life of each limit it grants (issue 22; lark/daemon/sandbox.py's
+SandboxLimiter decides, lark/kernel/sandbox_police.py does the cgroup and nft work).
 
 Kept out of the server (issue 24: the server is transport, admission and dispatch): the checks on the asker, the
 cgroup move before the answer, the policers added in the background once the startd's slot ad says the slot's
@@ -17,9 +17,10 @@ from typing import Any
 from .. import protocol
 from ..config import Config
 from ..errors import LarkError
+from ..kernel.sandbox_police import Starter
 from ..names import job_key
 from . import peercred
-from .sandbox import SandboxLimiter, Starter, slot_bandwidth
+from .sandbox import SandboxLimiter, slot_bandwidth
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,9 @@ import pytest
 
 from lark.config import Config
 from lark.daemon import peercred
-from lark.daemon.sandbox import CHAINS, SandboxLimiter, Starter, cgroup2_mount
+from lark.daemon.sandbox import SandboxLimiter
 from lark.kernel.firewall import libnft
+from lark.kernel.sandbox_police import CHAINS, Starter, cgroup2_mount
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or cgroup2_mount() is None,
                                 reason="needs root and a cgroup v2 mount")

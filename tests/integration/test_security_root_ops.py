@@ -16,7 +16,7 @@ from helpers.fakehost import HERE, sh
 from helpers.waits import wait_ready
 from test_security_daemon import HOSTILE, results, signal_dir
 
-from lark.daemon.sandbox import cgroup2_mount
+from lark.kernel.sandbox_police import cgroup2_mount
 
 CONTAINER = "c0ffee" * 10 + "abcd"   # 64 hex digits: a container id docker never gave out
 # What lark-starter sends for a slot: a starter's argv, forged by the job (its own slot and another's).

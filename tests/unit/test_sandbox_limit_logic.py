@@ -6,14 +6,15 @@ import os
 
 import classad2
 import pytest
-
 from helpers.fakekernel import fake_networker
+
 from lark.config import Config
 from lark.daemon import server as server_mod
 from lark.daemon.peercred import Peer, start_time
-from lark.daemon.sandbox import SandboxLimiter, Starter, cgroup2_mount, slot_bandwidth
+from lark.daemon.sandbox import SandboxLimiter, slot_bandwidth
 from lark.errors import LarkError
 from lark.job import starter_wrapper
+from lark.kernel.sandbox_police import Starter, cgroup2_mount
 
 ME = os.getpid()
 ROOT = Peer(pid=ME, uid=0, gid=0, start=start_time(ME))
@@ -194,7 +195,7 @@ def test_limit_refuses_nonsense(tmp_path):
 
 def test_doctor_says_whether_the_sandbox_is_limited(monkeypatch):
     from lark import hostcheck
-    from lark.daemon import sandbox
+    from lark.kernel import sandbox_police as sandbox
 
     def runner(knobs):
         return lambda argv: (0, knobs[argv[1]] + "\n") if argv[1] in knobs else (1, "")
