@@ -177,9 +177,9 @@ class JobNetworker:
         now = time.time()
         for key in keys:
             rec = self.records.load(key)
-            if not rec or not rec.plan.get("dhcp") or rec.phase != "ready":
+            if not rec or not rec.lease or rec.phase != "ready":
                 continue
-            lease = Lease.from_dict(rec.plan["dhcp"])
+            lease = Lease.from_dict(rec.lease)
             every = self.cfg.dhcp_renew_interval
             if not (lease.renew_due(now) or (every and now >= lease.obtained + every)):
                 continue
@@ -198,7 +198,7 @@ class JobNetworker:
                 log.error("DHCP server gave job %s a different address on renewal (%s, had %s); keeping %s",
                           rec.job_id, new.address, lease.address, lease.address)
                 continue
-            rec.plan["dhcp"] = new.to_dict()
+            rec.renewed_lease = new.to_dict()
             self.records.save(rec)
             self.leases.put(key, new)
             log.info("renewed DHCP lease %s of job %s for %d s", new.address, rec.job_id, new.lease_time)
@@ -216,7 +216,7 @@ class JobNetworker:
         for key, mbit in self.fair.rebalance(ipr, running, skip=new.key if new else None).items():
             r = self.records.load(key)
             if r:
-                r.plan["rate_limit_mbit"] = mbit
+                r.rebalanced_mbit = mbit
                 self.records.save(r)
         if new is not None and new.fair_share_capacity_mbit:
             share = shares(running, self.fair.floor)[new.key]
@@ -251,18 +251,11 @@ class JobNetworker:
         summary = ctx.summary
         summary = merge_usage(carried, summary)
         if rec and summary is not None and final:
-            plan = rec.plan
-            summary.update({"job_id": rec.job_id, "slot": rec.slot, "key": key, "ended": time.time(),
-                            "started": rec.created, "network_type": plan.get("network_type"),
-                            "ipv4": plan.get("ipv4"), "owner": plan.get("owner"),
-                            "accounting_group": plan.get("accounting_group"), "reason": reason,
-                            "global_job_id": plan.get("global_job_id"), "rate_limit_mbit": plan.get("rate_limit_mbit"),
-                            "request_bandwidth_mbit": plan.get("request_bandwidth_mbit")})
-            errors.run("save the final accounting", self.finished.save, key, summary)
+            summary = errors.run("save the final accounting", self.finished.finish, key, summary, reason, rec)
         if errors:
             raise errors.error(rec.job_id if rec else None)
         self.records.delete(key)
-        if rec and (rec.plan.get("rate_limit_mbit") or rec.plan.get("fair_share_capacity_mbit")):
+        if rec and (rec.rate_limit_mbit or rec.plan.get("fair_share_capacity_mbit")):
             with self.fair.lock:  # what this job held goes back to the unreserved jobs
                 self.fair_rebalance(ipr, None)
         log.info("tore down network of %s (%s)", rec.job_id if rec else key, reason)
@@ -271,4 +264,4 @@ class JobNetworker:
 
 
 def _snapshot(rec: JobRecord) -> tuple:
-    return (dict(rec.plan), rec.shaped, rec.phase)
+    return (rec.plan, rec.shaped, rec.phase)

@@ -57,8 +57,8 @@ class LarkdCollector(Collector):
                 bytes_.add_metric([rec.slot, direction], u.get(f"bytes_{direction}", 0))
                 packets.add_metric([rec.slot, direction], u.get(f"packets_{direction}", 0))
                 rate.add_metric([rec.slot, direction], u.get(f"rate_{direction}_bps", 0.0))
-            if rec.plan.get("rate_limit_mbit"):
-                limit.add_metric([rec.slot], float(rec.plan["rate_limit_mbit"]) * 1e6)
+            if rec.rate_limit_mbit:
+                limit.add_metric([rec.slot], float(rec.rate_limit_mbit) * 1e6)
             # owner and accounting_group let Prometheus sum bytes per user and group (packaging/prometheus)
             info.add_metric([rec.slot], {"job_id": rec.job_id, "global_job_id": rec.plan.get("global_job_id") or "",
                                          "network_type": rec.plan.get("network_type") or "",
@@ -125,7 +125,7 @@ def node_totals(records: RecordStore, acct: Accountant, machine_mbit: float | No
         # Reservations only: a fair-share job's limit is what reservations leave, and it shrinks for the next
         # reservation, so it is not taken from what is available (else one unreserved job shows 0 available).
         if not rec.plan.get("fair_share_capacity_mbit"):
-            limits += float(rec.plan.get("rate_limit_mbit") or 0.0)
+            limits += float(rec.rate_limit_mbit or 0.0)
     out = {"active_jobs": len(recs), "bytes_in": b_in, "bytes_out": b_out, "at": time.time()}
     if machine_mbit:
         out["avail_bandwidth_mbit"] = max(machine_mbit - limits, 0.0)

@@ -22,10 +22,29 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field, fields
+from typing import Any, NoReturn
 
 from ..statefiles import LiveFiles, atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
+
+
+class FrozenPlan(dict):
+    """A record's plan, read-only: any write raises. A dict underneath, so the record's file and the wire answers
+    serialise it as before (json writes a dict subclass as a dict); `dict(plan)` is a writable copy."""
+
+    def _frozen(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError("a job record's plan is what was decided and built at setup, and is read-only: write the "
+                        "changing state to the record's own fields (JobRecord.renewed_lease, .rebalanced_mbit)")
+
+    __setitem__ = __delitem__ = __ior__ = _frozen
+    clear = pop = popitem = setdefault = update = _frozen
+
+    def __reduce__(self) -> tuple:
+        return (FrozenPlan, (dict(self),))
+
+    def __copy__(self) -> FrozenPlan:
+        return self
 
 
 @dataclass
@@ -39,16 +58,50 @@ class JobRecord:
     netns_inode: int
     netns: str
     host_if: str
-    plan: dict                        # JobNetwork.to_dict(): the decided plan and the addresses built for it
+    # JobNetwork.to_dict(): the decided plan and the addresses built for it. Setup replaces it step by step; it
+    # is never changed in place (a FrozenPlan). What changes while the job runs is in the two fields below.
+    plan: dict
     phase: str = "setting-up"         # setting-up -> ready -> tearing-down (kept there when teardown failed)
     shaped: bool = False              # its limit is on the link (a fair-share job counts from then on)
     created: float = field(default_factory=time.time)
+    # State, not plan: None until it first changes after setup (and in a record of a larkd before these fields,
+    # whose plan held the changed values), so the plan's value is then the current one. Read `lease` and
+    # `rate_limit_mbit`.
+    renewed_lease: dict | None = None      # the DHCP lease as last renewed (jobnet.renew_leases)
+    rebalanced_mbit: float | None = None   # a fair-share job's limit as last rebalanced (jobnet.fair_rebalance)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "plan" and not isinstance(value, FrozenPlan):
+            value = FrozenPlan(value)
+        object.__setattr__(self, name, value)
+
+    @property
+    def lease(self) -> dict | None:
+        """The job's current DHCP lease (None: not a DHCP job)."""
+        return self.renewed_lease if self.renewed_lease is not None else self.plan.get("dhcp")
+
+    @property
+    def rate_limit_mbit(self) -> float | None:
+        """The job's current rate limit, each direction (None: unlimited)."""
+        return self.rebalanced_mbit if self.rebalanced_mbit is not None else self.plan.get("rate_limit_mbit")
+
+    def current_plan(self) -> dict:
+        """The plan with the current lease and limit: what `lark status`, the job's ad and verify read."""
+        d = dict(self.plan)
+        if self.renewed_lease is not None:
+            d["dhcp"] = self.renewed_lease
+        if self.rebalanced_mbit is not None:
+            d["rate_limit_mbit"] = self.rebalanced_mbit
+        return d
 
 
 _RECORD_FIELDS = frozenset(f.name for f in fields(JobRecord))
 # Plan fields a teardown after a crash mid-setup finds from the job's key (address and port locks named by it) or
 # does not need (what the job was told, limits that go with its veth): changing only these does not write a
 # record that is still setting up. Any other field (the DHCP lease, the network type, one added later) does.
+# The record's own field rebalanced_mbit is of the same kind (a limit goes with the veth); renewed_lease is not
+# (teardown releases the current lease at the server), but only a ready job's lease is renewed.
+NOT_READ_AFTER_CRASH = frozenset({"plan", "shaped", "rebalanced_mbit"})
 FOUND_BY_KEY = frozenset({"ipv4", "ipv4_prefix", "gateway4", "ipv6", "ipv6_prefix", "gateway6", "inbound_port",
                           "dns_revoked_by", "rate_limit_mbit"})
 
@@ -58,7 +111,7 @@ def crash_view(rec: JobRecord) -> str | None:
     down (every save then writes: "ready" is what a restart adopts, "tearing-down" what it must not)."""
     if rec.phase != "setting-up":
         return None
-    d = {k: v for k, v in vars(rec).items() if k not in ("plan", "shaped")}
+    d = {k: v for k, v in vars(rec).items() if k not in NOT_READ_AFTER_CRASH}
     d["plan"] = {k: v for k, v in rec.plan.items() if k not in FOUND_BY_KEY}
     return json.dumps(d, sort_keys=True)
 
@@ -115,6 +168,23 @@ class FinishedStore:
         self.keep = keep
         # Who moved how much, when, from which address: for root (`lark report`) only.
         private_dir(self.dir)
+
+    def finish(self, key: str, usage: dict, reason: str, rec: JobRecord | None = None, *, job_id: str = "",
+               started: float | None = None) -> dict:
+        """The one writer of a job's finished record: its figures (`usage`, carried ones added in), why it ended,
+        and who it was: from its record (`rec`) when it ended with a network, else (its network released earlier,
+        its figures carried by its pin) the pin's `job_id` and `started`. Returns the summary it saved."""
+        summary = dict(usage, key=key, ended=time.time(), reason=reason)
+        if rec is None:
+            summary.update(job_id=job_id, started=started)
+        else:
+            plan = rec.plan
+            summary.update({"job_id": rec.job_id, "slot": rec.slot, "started": rec.created,
+                            "rate_limit_mbit": rec.rate_limit_mbit,   # the limit it ended under
+                            **{k: plan.get(k) for k in ("network_type", "ipv4", "owner", "accounting_group",
+                                                        "global_job_id", "request_bandwidth_mbit")}})
+        self.save(key, summary)
+        return summary
 
     def save(self, key: str, summary: dict) -> str:
         name = f"{int(summary.get('ended', time.time()) * 1000)}-{key}.json"

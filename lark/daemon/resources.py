@@ -319,9 +319,9 @@ class DhcpLease(Base):
 
     def _release(self, ctx: JobCtx) -> None:
         rec = ctx.rec
-        if not (rec and rec.plan.get("dhcp") and self.host.cfg.dhcp_release):
+        if not (rec and rec.lease and self.host.cfg.dhcp_release):
             return
-        lease = Lease.from_dict(rec.plan["dhcp"])
+        lease = Lease.from_dict(rec.lease)
         try:
             fd = os.open(self.host.netns_path(ctx.key), os.O_RDONLY)
             try:
@@ -413,7 +413,7 @@ class Shaping(Base):
 
     def check(self, ctx: CheckCtx) -> list[Finding]:
         with self.host.fair.lock:   # a fair-share rebalance moves limits and records together
-            mbit = ctx.rec.plan.get("rate_limit_mbit")
+            mbit = ctx.rec.rate_limit_mbit
             if not mbit:
                 return []
             return self.host.kernel.verify_shaping(ctx.ipr, ctx.host_idx, ctx.names.host_if, ctx.nipr, ctx.job_idx,

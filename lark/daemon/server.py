@@ -210,9 +210,8 @@ class Larkd:
                 if not had_network and pin.carried and pin.job_id:
                     # Its network was released earlier and not set up again: the carried figures are
                     # all it moved, and still its one finished record.
-                    summary = dict(pin.carried, job_id=pin.job_id, key=key, ended=time.time(),
-                                   started=pin.first_setup, reason=reason)
-                    self.finished.save(key, summary)
+                    summary = self.finished.finish(key, pin.carried, reason, job_id=pin.job_id,
+                                                   started=pin.first_setup)
                 await self.loop.run_in_executor(self.push_pool, self._push_final, pin, summary)
                 self.pins.drop(key)
             elif summary is not None:
@@ -637,7 +636,7 @@ class Larkd:
             last = self.finished.latest_for_key(key)
             return {"key": key, "active": False, "finished": last}
         return {"key": key, "active": True, "slot": rec.slot, "job_id": rec.job_id, "phase": rec.phase,
-                "netns": rec.netns, "host_if": rec.host_if, "plan": rec.plan,
+                "netns": rec.netns, "host_if": rec.host_if, "plan": rec.current_plan(),
                 "usage": merge_usage(carried, self.acct.summary(key)), "created": rec.created}
 
     async def op_setup(self, who: peercred.Peer) -> bytes:
@@ -667,7 +666,7 @@ class Larkd:
             if rec is not None:
                 same_starter = rec.starter_pid == starter.pid and rec.starter_start == starter.start
                 if same_starter and rec.netns_inode == job_ns and rec.phase == "ready":
-                    return protocol.ok(plan=rec.plan, env=env_for(rec.plan), reused=True,
+                    return protocol.ok(plan=rec.current_plan(), env=env_for(rec.plan), reused=True,
                                        exit_barrier=self.exit_barrier())
                 if same_starter and rec.job_pid == TRANSFER_NETNS:
                     # The input transfer's network (op_transfer_plugin): the job's own replaces it, and what the

@@ -64,7 +64,7 @@ def _verify(net: JobNetworker, key: str, inode: int, job_id: str) -> list[Findin
 def _verify_network(net: JobNetworker, key: str, ns_fd: int | None, nipr: IPRoute | None) -> list[Finding]:
     rec = net.records.load(key)
     assert rec is not None  # the caller holds the slot: its record stays
-    job = JobNetwork.from_dict(rec.plan)
+    job = JobNetwork.from_dict(rec.current_plan())  # the current lease and limit, not setup's
     if not job.has_network:
         return []   # NetworkType none: the namespace with lo up, nothing else
     profile = net.profiles.get(job.network_type)

@@ -45,7 +45,8 @@ class LinkJob:
 
 def link_jobs(records: Iterable[Any], new: Any, job_if_of: Callable[[str], str],
               netns_path_of: Callable[[str], str]) -> list[LinkJob]:
-    """The jobs on the link from larkd's records (key, job_id, phase, shaped, host_if, plan dict) and `new`, the
+    """The jobs on the link from larkd's records (key, job_id, phase, shaped, host_if, plan dict, the current
+    rate_limit_mbit: a fair-share job's as last rebalanced, a reserved job's as planned) and `new`, the
     plan of a job being set up. A fair-share job still being set up is left out: it sets its own share when it
     gets there; a reserved one counts from the start (the safe side)."""
     running = []
@@ -58,7 +59,7 @@ def link_jobs(records: Iterable[Any], new: Any, job_if_of: Callable[[str], str],
         if capacity and not r.shaped:
             continue
         running.append(LinkJob(r.key, r.job_id, None if capacity else p.get("rate_limit_mbit"), capacity,
-                               p.get("rate_limit_mbit"), r.host_if, job_if_of(r.key), netns_path_of(r.key)))
+                               r.rate_limit_mbit, r.host_if, job_if_of(r.key), netns_path_of(r.key)))
     if new is not None and new.has_network:
         capacity = new.fair_share_capacity_mbit
         running.append(LinkJob(new.key, new.job_id, None if capacity else new.rate_limit_mbit, capacity, None))

@@ -106,7 +106,7 @@ def test_rebalance_lowers_before_it_raises_and_goes_on_past_a_failure(monkeypatc
 def test_link_jobs_counts_reservations_at_once_and_fair_jobs_once_shaped():
     def rec(key, phase="ready", shaped=True, **plan):
         return SimpleNamespace(key=key, job_id=key, phase=phase, shaped=shaped, host_if=f"h-{key}",
-                               plan={"network_type": "nat", **plan})
+                               plan={"network_type": "nat", **plan}, rate_limit_mbit=plan.get("rate_limit_mbit"))
     records = [rec("r", rate_limit_mbit=300, shaped=False), rec("f", rate_limit_mbit=50, fair_share_capacity_mbit=400),
                rec("early", fair_share_capacity_mbit=400, shaped=False), rec("leaving", "tearing-down",
                                                                           rate_limit_mbit=10),

@@ -85,15 +85,15 @@ def test_two_writers_of_one_record_keep_both_changes(tmp_path):
     later save must not put back what the earlier one changed (a job stayed 'setting-up' for good)."""
     store = RecordStore(str(tmp_path))
     mine = _rec()
-    mine.plan["rate_limit_mbit"] = 400
+    mine.plan = {**mine.plan, "rate_limit_mbit": 400}
     store.save(mine)                         # the job's own setup, still setting up
     theirs = store.load("slot1")             # the rebalance of another job reads it...
     mine.phase = "ready"
     store.save(mine)                         # ...the setup finishes...
-    theirs.plan["rate_limit_mbit"] = 200
+    theirs.rebalanced_mbit = 200
     store.save(theirs)                       # ...and the rebalance saves its change last
     fresh = RecordStore(str(tmp_path)).load("slot1")  # what a restarted larkd reads from disk
-    assert (fresh.phase, fresh.plan["rate_limit_mbit"]) == ("ready", 200)
+    assert (fresh.phase, fresh.rate_limit_mbit) == ("ready", 200)
     store.delete("slot1")
     nxt = _rec()                             # the slot's next job starts from its own record
     store.save(nxt)

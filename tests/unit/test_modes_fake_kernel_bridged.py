@@ -137,8 +137,9 @@ def test_a_running_dhcp_jobs_lease_is_renewed_when_due_and_not_before(tmp_path, 
     rec = _setup(net, mode, VARIANTS["dhcp"][0])
     net.renew_leases({"slot1"})
     assert "dhcp.renew" not in k.calls              # a fresh lease: T1 is half an hour away
-    rec.plan["dhcp"]["obtained"] -= 2000            # past T1 (1800 s)
+    rec.renewed_lease = {**rec.lease, "obtained": rec.lease["obtained"] - 2000}  # past T1 (1800 s)
     net.renew_leases({"slot1"})
     assert k.calls.count("dhcp.renew") == 1
-    assert net.records.load("slot1").plan["dhcp"]["obtained"] > rec.created - 1
+    assert net.records.load("slot1").lease["obtained"] > rec.created - 1
+    assert rec.plan["dhcp"]["obtained"] > rec.created - 1   # setup's lease: the plan is not changed
     assert net.leases.get("slot1").address == rec.plan["ipv4"]

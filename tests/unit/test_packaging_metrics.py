@@ -162,7 +162,7 @@ def scrape(registry) -> dict:
 def test_larkd_job_info_names_owner_and_accounting_group():
     rec = SimpleNamespace(phase="ready", slot="slot1", key="k1", job_id="5.0",
                           plan={"owner": "alice", "accounting_group": "cms", "network_type": "nat",
-                                "global_job_id": "s#5.0#1", "rate_limit_mbit": 100})
+                                "global_job_id": "s#5.0#1", "rate_limit_mbit": 100}, rate_limit_mbit=100)
     setting_up = SimpleNamespace(phase="setting-up", slot="slot2", key="k2", job_id="6.0", plan={"owner": "bob"})
     acct = SimpleNamespace(summary=lambda key: {"bytes_in": 1000, "bytes_out": 10} if key == "k1" else None)
     from prometheus_client import CollectorRegistry

@@ -36,13 +36,15 @@ def test_a_setting_up_record_is_written_first_then_only_for_what_a_crash_needs(s
     # Addresses and the port are locks named by the key; the limit goes with the veth; DNS revocation with the job.
     rec.plan = JobNetwork.from_dict(rec.plan).with_addresses(ipv4="10.0.0.2", gateway4="10.0.0.1", ipv4_prefix=32,
                                                              inbound_port=20001).to_dict()
-    rec.plan["rate_limit_mbit"] = 5.0
+    rec.plan = {**rec.plan, "rate_limit_mbit": 5.0}
     rec.shaped = True
+    assert not store.save(rec)
+    rec.rebalanced_mbit = 6.0   # another job's rebalance moved its limit: goes with the veth too
     assert not store.save(rec)
     assert _on_disk(store) == first
     assert store.load("slot1") is rec  # memory has it all
     # The DHCP lease is what teardown releases at the server: written at once.
-    rec.plan["dhcp"] = {"address": "10.0.0.2", "server": "10.0.0.1"}
+    rec.plan = {**rec.plan, "dhcp": {"address": "10.0.0.2", "server": "10.0.0.1"}}
     assert store.save(rec)
     assert _on_disk(store)["plan"]["dhcp"] == rec.plan["dhcp"]
     # Ready: everything, so a restart adopts the job as built.
@@ -51,8 +53,10 @@ def test_a_setting_up_record_is_written_first_then_only_for_what_a_crash_needs(s
     assert _on_disk(store) == json.loads(json.dumps(dataclasses.asdict(rec)))
     assert _on_disk(store)["plan"]["ipv4"] == "10.0.0.2" and _on_disk(store)["shaped"] is True
     # Once ready, every save writes (a rebalance's new limit, a renewed lease), and so does the teardown mark.
-    rec.plan["rate_limit_mbit"] = 7.0
-    assert store.save(rec) and _on_disk(store)["plan"]["rate_limit_mbit"] == 7.0
+    rec.rebalanced_mbit = 7.0
+    assert store.save(rec) and _on_disk(store)["rebalanced_mbit"] == 7.0
+    rec.renewed_lease = {"address": "10.0.0.2", "server": "10.0.0.1", "obtained": 1.0}
+    assert store.save(rec) and _on_disk(store)["renewed_lease"]["obtained"] == 1.0
     rec.phase = "tearing-down"
     assert store.save(rec) and _on_disk(store)["phase"] == "tearing-down"
     assert store.save(rec)
@@ -65,7 +69,7 @@ def test_any_other_plan_change_while_setting_up_is_written(store: RecordStore, f
     added later) are written: the skipping errs on the side of writing."""
     rec = _rec()
     store.save(rec)
-    rec.plan[field] = value
+    rec.plan = {**rec.plan, field: value}
     assert store.save(rec)
     assert _on_disk(store)["plan"][field] == value
 
@@ -87,7 +91,7 @@ def test_a_fresh_store_reads_what_was_written(store: RecordStore, tmp_path) -> N
     """A restart after a crash mid-setup: the record it reads is the last write, the job's identity and plan."""
     rec = _rec()
     store.save(rec)
-    rec.plan["ipv4"] = "10.0.0.2"
+    rec.plan = {**rec.plan, "ipv4": "10.0.0.2"}
     store.save(rec)
     again = RecordStore(str(tmp_path / "records")).load("slot1")
     assert again is not None and again.phase == "setting-up" and again.job_id == "7.0"
