@@ -5,6 +5,13 @@ reads it, and the job just completes with the wrapper's exit code). A failing PR
 hand, puts the job on hold with the hook's HookStatusMessage as HoldReason (HoldReasonCode 19, subcode =
 HookStatusCode). So everything that can be known before the job starts -- larkd reachable, the job's ads
 readable, the policy decidable -- is checked here, and a failure holds the job with one readable line.
+
+What runs as LARK_HOOK_PREPARE_JOB is the setgid launcher lark/job/launcher/prepare_job.c (`lark install-hook`):
+it does this module's common path itself, with no interpreter start (issue 27): larkd's check, retried as
+call_patiently() retries, and the same hold ad byte for byte. It execs this hook, with the job ad it read on stdin,
+only for what it cannot reproduce exactly (a lark.toml that could move the socket, an answer that is not plain
+ASCII JSON, a hold text that is not plain printable ASCII, ...); tests/unit/test_prepare_job_c.py runs both on
+the same cases. A change to what this hook prints needs the same change there.
 """
 from __future__ import annotations
 

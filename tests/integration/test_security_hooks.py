@@ -92,8 +92,10 @@ def test_prepare_job_hook_cannot_be_traced_by_the_jobs_user():
 # Run as UID, started before any hook: for each pid read from stdin (written the instant the root parent has forked
 # the hook), PTRACE_ATTACH in a loop from the first instant until it gets in or the hook is gone (reaped: ESRCH).
 # Prints "attached" or "refused", and whether it saw the hook's interpreter run (its command line, readable by
-# anyone) while it was refused: a refusal then happened during the interpreter's start, not only around it.
+# anyone) while it was refused: a refusal then happened during the interpreter's start, not only around it. Its
+# argument, when given, is what to look for in the command line instead of the Python hook's script.
 RACER = ("import ctypes,errno,os,sys\n"
+         "needle=sys.argv[1].encode() if len(sys.argv)>1 else b'hook.py'\n"
          "libc=ctypes.CDLL(None,use_errno=True)\n"
          "libc.ptrace.argtypes=[ctypes.c_long,ctypes.c_long,ctypes.c_void_p,ctypes.c_void_p]\n"
          "print('ready',flush=True)\n"
@@ -107,7 +109,7 @@ RACER = ("import ctypes,errno,os,sys\n"
          "        if ctypes.get_errno()==errno.ESRCH:\n"
          "            print('refused',seen,0,flush=True); break\n"
          "        try:\n"
-         "            with open(f'/proc/{pid}/cmdline','rb') as f: seen=seen or b'hook.py' in f.read()\n"
+         "            with open(f'/proc/{pid}/cmdline','rb') as f: seen=seen or needle in f.read()\n"
          "        except OSError: pass\n")
 STARTS = 30
 # The hook as the launcher runs it: `python -I hook.py`; -I keeps PYTHONPATH out, so it finds this checkout itself.
@@ -133,15 +135,17 @@ def hookdir():
     shutil.rmtree(d)
 
 
-def race(argv: list[str], starts: int, stop_when_attached: bool) -> list[tuple[str, bool, str]]:
+def race(argv: list[str], starts: int, stop_when_attached: bool, env: dict = HOOK_ENV,
+         needle: str | None = None) -> list[tuple[str, bool, str]]:
     """Start the hook `starts` times as UID from a root parent, handing each pid to the racer at once.
     (racer's verdict, whether it saw the interpreter while refused, the hook's stdout) per start."""
-    racer = as_uid([JOB_PY, "-c", RACER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    racer = as_uid([JOB_PY, "-c", RACER, *([needle] if needle else [])], stdin=subprocess.PIPE,
+                   stdout=subprocess.PIPE, text=True, cwd="/")
     results = []
     try:
         assert racer.stdout.readline() == "ready\n"   # its interpreter is up before the first hook starts
         for _ in range(starts):
-            p = as_uid(argv, env=HOOK_ENV, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            p = as_uid(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                        stderr=subprocess.DEVNULL, text=True, cwd="/")
             racer.stdin.write(f"{p.pid}\n")
             racer.stdin.flush()
@@ -164,14 +168,23 @@ def test_a_racer_attaches_to_the_plain_python_hook_during_its_start(hookdir):
     assert "HookStatusCode = 111" in results[-1][2]   # and the hook went on to its answer after the detach
 
 
-def test_the_setgid_launcher_starts_the_hook_untraceable_from_its_first_instruction(hookdir):
+@pytest.mark.parametrize("path", ["python", "compiled"])
+def test_the_setgid_launcher_starts_the_hook_untraceable_from_its_first_instruction(hookdir, path):
+    """Both of the launcher's paths: the Python hook it execs where a lark.toml could move larkd's socket (the exec
+    chain), and its own compiled check (no second exec), kept alive for a while by a larkd that is away."""
     launcher = str(hookdir / "lark-prepare-job")
-    results = race([launcher], STARTS, stop_when_attached=False)
-    assert [r[0] for r in results] == ["refused"] * STARTS
-    # Not vacuous: each time the Python hook ran to its answer (larkd unreachable), and the racer was refused while
-    # that interpreter ran (in most starts: under load a racer may get no CPU during one whole start).
+    if path == "python":
+        (hookdir / "lark.toml").write_text(f'[daemon]\nsocket = "{HOOK_ENV["LARK_SOCKET"]}"\n')
+        env = {**HOOK_ENV, "LARK_SOCKET": "", "LARK_CONFIG": str(hookdir / "lark.toml")}
+        results = race([launcher], STARTS, stop_when_attached=False, env=env)
+    else:
+        env = {**HOOK_ENV, "LARK_PREFLIGHT_WAIT": "0.3"}
+        results = race([launcher], STARTS // 3, stop_when_attached=False, env=env, needle="lark-prepare-job")
+    assert [r[0] for r in results] == ["refused"] * len(results)
+    # Not vacuous: each time the hook ran to its answer (larkd unreachable), and the racer was refused while the
+    # hook ran (the Python one's interpreter; in most starts: under load a racer may get no CPU during one start).
     assert all("HookStatusCode = 111" in out for _, _, out in results), results
-    assert sum(seen for _, seen, _ in results) >= STARTS // 2, results
+    assert sum(seen for _, seen, _ in results) >= len(results) // 2, results
 
 
 def test_the_launcher_refuses_to_start_the_hook_without_its_setgid_group(hookdir, tmp_path):

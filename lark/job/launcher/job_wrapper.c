@@ -189,24 +189,24 @@ static int push_once(const char *path, char *msg, size_t cap, char *note, size_t
     return 0;
 }
 
+struct push_try { const char *path; char msg[8192], note[8192]; };
+
+/* One try for call_patiently() (larkd_client.h): push_once's 0/1/2 are TRY_DONE/TRY_FAILED/TRY_AGAIN. */
+static int push_attempt(void *ctx) {
+    struct push_try *t = ctx;
+    return push_once(t->path, t->msg, sizeof t->msg, t->note, sizeof t->note);
+}
+
 /* wrapper.barrier(): call_patiently("push", wait=wait, timeout=30, barrier=True); never fails the job. */
 static void barrier(const char *path, double wait) {
-    static char msg[8192], note[8192];
-    double deadline = now_s() + wait, delay = 0.2;
-    srand48((long)getpid() ^ (long)now_s());
-    for (;;) {
-        int r = push_once(path, msg, sizeof msg, note, sizeof note);
-        if (r == 0) {
-            if (*note) fprintf(stderr, "Lark: final network figures not pushed: %s\n", note);
-            return;
-        }
-        double pause = delay * (0.5 + drand48());  /* random.uniform(0.5, 1.5) */
-        if (r == 1 || now_s() + pause > deadline) break;
-        sleep_s(pause);
-        delay = delay * 2 < 2.0 ? delay * 2 : 2.0;
+    static struct push_try t;
+    t.path = path;
+    if (call_patiently(push_attempt, &t, wait) == TRY_DONE) {
+        if (*t.note) fprintf(stderr, "Lark: final network figures not pushed: %s\n", t.note);
+        return;
     }
     fprintf(stderr, "Lark: the job's final network figures were not written into its ad (%s); its history keeps the "
-            "last periodic figures and larkd's record keeps the exact ones\n", msg);
+            "last periodic figures and larkd's record keeps the exact ones\n", t.msg);
 }
 
 /* wrapper.end_like(): end the way the job's program ended, so the starter and the job's history see the same. */

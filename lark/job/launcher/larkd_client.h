@@ -1,12 +1,14 @@
-/* larkd's client for the compiled launchers (job_wrapper.c, starter.c): lark/job/client.py's call() up to the
- * answer, in C, so that each launcher holds no copy of it. Header-only (static inline functions): each launcher stays one
- * file for the compiler (`lark install-hook` builds `gcc ... job_wrapper.c`; #include "..." finds this file next to
- * it), and a launcher that does not use a function gets no code for it.
+/* larkd's client for the compiled launchers (job_wrapper.c, starter.c, prepare_job.c): lark/job/client.py's call()
+ * up to the answer, and call_patiently()'s retries, in C, so that each launcher holds no copy of them. Header-only
+ * (static inline functions): each launcher stays one file for the compiler (`lark install-hook` builds `gcc ...
+ * job_wrapper.c`; #include "..." finds this file next to it), and a launcher that does not use a function gets no
+ * code for it.
  *
  * What is here: the answer's parser (one JSON object; only the fields a launcher reads are kept, the rest is
  * checked and skipped; anything that is not plain ASCII JSON is refused, and the launcher then hands the case to
  * its Python twin), client.socket_path(), one request and its answer line with client.call()'s cases told apart
- * (enum outcome) and their texts as str() of the LarkError client.py raises (describe_outcome), Python's truth
+ * (enum outcome) and their texts as str() of the LarkError client.py raises (describe_outcome; outcome_parts for
+ * its parts), call_patiently()'s retry loop (job_wrapper.c's exit barrier, prepare_job.c's check), Python's truth
  * value of a field, the C-locale coercion Python's interpreter does (so the environment a launcher leaves is the
  * one its Python twin would leave), and a monotonic clock for call_patiently's retries.
  */
@@ -424,38 +426,78 @@ static inline void sleep_s(double s) {
     while (nanosleep(&left, &left) != 0 && errno == EINTR) {}
 }
 
-/* str() of the LarkError client.call() raises for an outcome other than GOT_ANSWER, into msg; returns 1 when
- * client.call_patiently retries it (DaemonUnreachable, DaemonBusy), 0 when it fails at once. `timeout` is the one
- * the request was asked with. */
-static inline int describe_outcome(char *msg, size_t cap, const char *path, enum outcome got, int err, double timeout) {
+/* The LarkError client.call() raises for an outcome other than GOT_ANSWER, in parts: its `what` into what, its
+ * `fix` (NULL: none) in *fix, its obj being the socket's path; returns 1 when client.call_patiently retries it
+ * (DaemonUnreachable, DaemonBusy), 0 when it fails at once. `timeout` is the one the request was asked with. */
+static inline int outcome_parts(enum outcome got, int err, double timeout, char *what, size_t cap, const char **fix) {
+    *fix = NULL;
     switch (got) {
     case NO_SOCKET:
-        snprintf(msg, cap, "%s: larkd is not running (no socket) (" START_LARKD ")", path);
+        snprintf(what, cap, "larkd is not running (no socket)");
+        *fix = START_LARKD;
         return 1;
     case REFUSED:
-        snprintf(msg, cap, "%s: larkd is not running (connection refused) (" START_LARKD ")", path);
+        snprintf(what, cap, "larkd is not running (connection refused)");
+        *fix = START_LARKD;
         return 1;
     case DENIED:
-        snprintf(msg, cap, "%s: permission denied on the larkd socket", path);
+        snprintf(what, cap, "permission denied on the larkd socket");
         return 0;
     case QUEUE_FULL:
-        snprintf(msg, cap, "%s: larkd's connection queue stayed full (retry in a moment)", path);
+        snprintf(what, cap, "larkd's connection queue stayed full");
+        *fix = "retry in a moment";
         return 1;
     case TIMED_OUT:
-        snprintf(msg, cap, "%s: larkd did not answer within %g s (check larkd's log)", path, timeout);
+        snprintf(what, cap, "larkd did not answer within %g s", timeout);
+        *fix = "check larkd's log";
         return 0;
     case CLOSED:
-        snprintf(msg, cap, "%s: larkd closed the connection without answering (check larkd's log)", path);
+        snprintf(what, cap, "larkd closed the connection without answering");
+        *fix = "check larkd's log";
         return 1;
     case LOST:
-        snprintf(msg, cap, "%s: connection to larkd lost (%s) (larkd may have died; check its log and restart it)",
-                 path, strerror(err));
+        snprintf(what, cap, "connection to larkd lost (%s)", strerror(err));
+        *fix = "larkd may have died; check its log and restart it";
         return 1;
     case GOT_ANSWER:
         break;
     }
-    snprintf(msg, cap, "%s: larkd answered", path);
+    snprintf(what, cap, "larkd answered");
     return 0;
+}
+
+/* str() of the LarkError client.call() raises for an outcome other than GOT_ANSWER (LarkError.render(): "obj:
+ * what (fix)"), into msg; returns 1 when client.call_patiently retries it, 0 when it fails at once. */
+static inline int describe_outcome(char *msg, size_t cap, const char *path, enum outcome got, int err, double timeout) {
+    char what[512];
+    const char *fix;
+    int retried = outcome_parts(got, err, timeout, what, sizeof what, &fix);
+    if (fix) snprintf(msg, cap, "%s: %s (%s)", path, what, fix);
+    else snprintf(msg, cap, "%s: %s", path, what);
+    return retried;
+}
+
+/* What one try of a request came to, for call_patiently(). */
+enum try_result {
+    TRY_DONE = 0,     /* answered, and the caller is done */
+    TRY_FAILED = 1,   /* failed in a way client.call_patiently does not retry (a LarkError other than the two) */
+    TRY_AGAIN = 2,    /* failed in a way it retries: DaemonUnreachable, DaemonBusy */
+};
+
+/* client.call_patiently()'s loop: `attempt` again while it returns TRY_AGAIN (larkd away or busy), pausing 0.2 s
+ * doubling to 2 s, each with jitter (random.uniform(0.5, 1.5)), while the next try would start within `wait` s;
+ * returns the last try's result (a launcher may return results of its own above TRY_AGAIN: they end the loop). */
+static inline int call_patiently(int (*attempt)(void *ctx), void *ctx, double wait) {
+    double deadline = now_s() + wait, delay = 0.2;
+    srand48((long)getpid() ^ (long)now_s());
+    for (;;) {
+        int r = attempt(ctx);
+        if (r != TRY_AGAIN) return r;
+        double pause = delay * (0.5 + drand48());
+        if (now_s() + pause > deadline) return r;
+        sleep_s(pause);
+        delay = delay * 2 < 2.0 ? delay * 2 : 2.0;
+    }
 }
 
 #endif
