@@ -30,7 +30,9 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_latency import REPO, build_stamp, pct, stamps  # also puts the repository on sys.path
@@ -42,15 +44,17 @@ N = int(os.environ.get("BENCH_N", "20" if QUICK else "100"))
 ARGS = ["true", "-a", "slot1_1", "<127.0.0.1:9618?addrs=127.0.0.1-9618>"]
 
 
-def stand_in_larkd(path: Path) -> tuple[socketserver.UnixStreamServer, list[int]]:
-    """Answers each sandbox_limit with ok (limited); counts them."""
+def stand_in_larkd(path: Path, op: str = "sandbox_limit",
+                   answer: bytes = protocol.ok(limited=True, cgroup="/sys/fs/cgroup/unified/lark.sandbox/starter-1-1"),
+                   ) -> tuple[socketserver.UnixStreamServer, list[int]]:
+    """Answers each question with `answer`; counts those that are `op`."""
     asked = [0]
 
     class Answer(socketserver.StreamRequestHandler):
         def handle(self) -> None:
             msg = protocol.parse_request(self.rfile.readline())
-            asked[0] += msg.get("op") == "sandbox_limit"
-            self.wfile.write(protocol.ok(limited=True, cgroup="/sys/fs/cgroup/unified/lark.sandbox/starter-1-1"))
+            asked[0] += msg.get("op") == op
+            self.wfile.write(answer)
 
     srv = socketserver.UnixStreamServer(str(path), Answer)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
@@ -87,37 +91,29 @@ def one(stamp: Path, prog: Path, env: dict[str, str]) -> tuple[float | None, flo
     return ((st[1] - st[0]) / 1e6 if ok else None), (ru.ru_utime + ru.ru_stime) * 1000, text
 
 
-def main() -> int:
-    load_before = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="lark-bench-starter-") as d:
-        tmp = Path(d)
-        stamp = build_stamp(tmp)
-        progs = programs(tmp)
-        sock = tmp / "lark.sock"
-        srv, asked = stand_in_larkd(sock)
-        env = {"PATH": os.environ["PATH"], "LARK_SOCKET": str(sock), "LARK_REAL_STARTER": str(stamp),
-               "PYTHONPATH": str(REPO)}
-        got: dict[str, dict[str, list[float]]] = {k: {"ms": [], "cpu": []} for k in progs}
-        failures = 0
-        try:
-            for i in range(N + 1):  # the first pair warms up
-                for kind in (list(progs) if i % 2 == 0 else list(reversed(progs))):
-                    ms, cpu, text = one(stamp, progs[kind], env)
-                    if ms is None:
-                        failures += 1
-                        sys.stderr.write(f"{kind} lark-starter failed: {text.strip()[-300:]}\n")
-                    elif i:
-                        got[kind]["ms"].append(ms)
-                        got[kind]["cpu"].append(cpu)
-        finally:
-            srv.shutdown()
-            srv.server_close()
-        fallbacks = len(list((tmp / "fallbacks").iterdir()))
-        runs = 2 * (N + 1)
+def alternate(progs: dict[str, Any], one: Callable[[Any], tuple[float | None, float, str]], n: int,
+              what: str) -> tuple[dict[str, dict[str, list[float]]], int]:
+    """`one(progs[kind])` for each kind, n + 1 rounds, the order alternating; the first round warms up, not
+    counted. ({kind: {"ms": [...], "cpu": [...]}}, failures); each failure's output on stderr."""
+    got: dict[str, dict[str, list[float]]] = {k: {"ms": [], "cpu": []} for k in progs}
+    failures = 0
+    for i in range(n + 1):
+        for kind in (list(progs) if i % 2 == 0 else list(reversed(progs))):
+            ms, cpu, text = one(progs[kind])
+            if ms is None:
+                failures += 1
+                sys.stderr.write(f"{kind} {what} failed: {text.strip()[-300:]}\n")
+            elif i:
+                got[kind]["ms"].append(ms)
+                got[kind]["cpu"].append(cpu)
+    return got, failures
+
+
+def report(got: dict[str, dict[str, list[float]]], column: str, load_before: float, failures: int,
+           fallbacks: int) -> None:
+    """The table (python and compiled), the load average, then the one key=value line."""
     load_after = os.getloadavg()[0]
-    print(f"lark-starter start -> real starter exec, {N} alternated pairs (stand-in larkd answering sandbox_limit "
-          f"ok: {asked[0]} questions for {runs} runs)")
-    print(f"{'starter':10} {'n':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50 ms':>11}")
+    print(f"{column:10} {'n':>4} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>8} {'cpu p50 ms':>11}")
     for kind, g in got.items():
         print(f"{kind:10} {len(g['ms']):4d} {pct(g['ms'], 50):8.2f} {pct(g['ms'], 90):8.2f} {pct(g['ms'], 99):8.2f} "
               f"{max(g['ms'], default=float('nan')):8.2f} {statistics.median(g['cpu'] or [float('nan')]):11.2f}")
@@ -129,6 +125,28 @@ def main() -> int:
           f"py_cpu_ms={statistics.median(got['python']['cpu'] or [float('nan')]):.2f} "
           f"c_cpu_ms={statistics.median(got['compiled']['cpu'] or [float('nan')]):.2f} load1={load_after:.2f} "
           f"failures={failures} fallbacks={fallbacks}")
+
+
+def main() -> int:
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="lark-bench-starter-") as d:
+        tmp = Path(d)
+        stamp = build_stamp(tmp)
+        progs = programs(tmp)
+        sock = tmp / "lark.sock"
+        srv, asked = stand_in_larkd(sock)
+        env = {"PATH": os.environ["PATH"], "LARK_SOCKET": str(sock), "LARK_REAL_STARTER": str(stamp),
+               "PYTHONPATH": str(REPO)}
+        try:
+            got, failures = alternate(progs, lambda prog: one(stamp, prog, env), N, "lark-starter")
+        finally:
+            srv.shutdown()
+            srv.server_close()
+        fallbacks = len(list((tmp / "fallbacks").iterdir()))
+        runs = 2 * (N + 1)
+    print(f"lark-starter start -> real starter exec, {N} alternated pairs (stand-in larkd answering sandbox_limit "
+          f"ok: {asked[0]} questions for {runs} runs)")
+    report(got, "starter", load_before, failures, fallbacks)
     return 1 if failures or fallbacks or asked[0] != runs else 0
 
 
