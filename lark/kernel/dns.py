@@ -46,6 +46,7 @@ from ..names import DNS_DEVICE
 from . import dns6, netns
 from .firewall import libnft
 from .firewall.base import run_tool
+from .sections import DnsSection
 
 log = logging.getLogger(__name__)
 RTNH_F_ONLINK = 4
@@ -163,9 +164,9 @@ def ensure_user(name: str) -> int:
 class Forwarder:
     """The host-side DNS forwarder: a Lark-owned device holding `dns_address`, and a dnsmasq on it."""
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
-        self.pid_file = os.path.join(cfg.run_dir, "dns-forwarder.pid")
+    def __init__(self, cfg: Config | DnsSection):
+        self.cfg = DnsSection.of(cfg)  # only the knobs it reads (lark/kernel/sections.py)
+        self.pid_file = os.path.join(self.cfg.run_dir, "dns-forwarder.pid")
         self._lock = threading.Lock()
 
     @property
@@ -278,8 +279,9 @@ class Forwarder:
         return done
 
 
-def forwarder_status(cfg: Config) -> str:
+def forwarder_status(cfg: Config | DnsSection) -> str:
     """One line for `lark doctor` / status: what Lark does about the host's resolver."""
+    cfg = DnsSection.of(cfg)
     loop = loopback_nameservers(cfg.resolv_conf) + loopback_nameservers(cfg.resolv_conf, 6)
     if not loop:
         return f"{cfg.resolv_conf}: no loopback nameserver, jobs use it as it is"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Protocol
 
 from ..config import Config
 
@@ -18,7 +19,15 @@ log = logging.getLogger(__name__)
 IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
 
 
-def marker(cfg: Config) -> str:
+class ForwardingKnobs(Protocol):
+    """What lark_only reads: a Config, or the firewall drivers' section (lark/kernel/sections.py)."""
+    @property
+    def run_dir(self) -> str: ...
+    @property
+    def forward_policy(self) -> str: ...
+
+
+def marker(cfg: ForwardingKnobs) -> str:
     return os.path.join(cfg.run_dir, "ip_forward.enabled-by-lark")
 
 
@@ -38,7 +47,7 @@ def claim(cfg: Config, sysctl: str = IP_FORWARD) -> None:
             f.write("ip_forward was 0 before larkd set it\n")
 
 
-def lark_only(cfg: Config) -> bool:
+def lark_only(cfg: ForwardingKnobs) -> bool:
     """Whether the firewall should drop forwarding that is not Lark's."""
     if cfg.forward_policy == "lark-only":
         return True

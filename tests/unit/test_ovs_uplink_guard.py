@@ -1,4 +1,6 @@
 """Issue 17.1, OVS mode: the uplink guard flow that keeps the site side away from the host's DNS forwarder."""
+import dataclasses
+
 from lark.config import Config
 from lark.kernel.attach import ovs
 
@@ -18,7 +20,7 @@ def test_ovs_uplink_guard_drops_only_what_the_site_sends_to_the_forwarder(tmp_pa
     added.clear()
     monkeypatch.setattr(ovs.OvsMode, "ports_before", property(lambda self: {"lk-slot1"}))
     mode._guard_uplink()
-    mode.cfg.dns_forward = False
+    mode.cfg = dataclasses.replace(mode.cfg, dns_forward=False)  # a frozen section (lark/kernel/sections.py)
     monkeypatch.setattr(ovs.OvsMode, "ports_before", property(lambda self: {"up0"}))
     mode._guard_uplink()
     assert added == []

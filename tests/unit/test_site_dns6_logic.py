@@ -1,5 +1,6 @@
 """Issue 17.1 for IPv6 loopback resolvers: which nameservers get a relay, the relay's command line, and what
 setup does when the job has no IPv4 or the relay cannot start."""
+import dataclasses
 import os
 
 from lark.config import Config
@@ -19,7 +20,7 @@ def test_ipv6_loopback_nameservers_are_found_apart_from_the_ipv4_ones(tmp_path):
     fwd = _forwarder(tmp_path, RESOLV)
     assert fwd.wanted == ["127.0.0.53"] and fwd.wanted6 == ["::1"]
     assert "::1" in dns.forwarder_status(fwd.cfg) and "127.0.0.53" in dns.forwarder_status(fwd.cfg)
-    fwd.cfg.dns_forward = False
+    fwd.cfg = dataclasses.replace(fwd.cfg, dns_forward=False)  # a frozen section (lark/kernel/sections.py)
     assert fwd.wanted6 == []
 
 

@@ -24,5 +24,11 @@ def available_types(cfg: Config) -> list[str]:
 
 
 def make_modes(cfg: Config) -> dict[str, AttachMode]:
-    """One attach mode per network type the configuration offers (available_types decides which)."""
-    return {t: MODE_CLASSES[t](cfg) for t in available_types(cfg) if t in MODE_CLASSES}
+    """One attach mode per network type the configuration offers (available_types decides which), each given
+    only its section of the configuration (lark/kernel/sections.py)."""
+    modes: dict[str, AttachMode] = {}
+    for t in available_types(cfg):
+        if t in MODE_CLASSES:
+            cls = MODE_CLASSES[t]
+            modes[t] = cls(cls.section.from_config(cfg))
+    return modes

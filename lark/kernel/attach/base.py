@@ -3,16 +3,17 @@ from __future__ import annotations
 
 import abc
 import threading
+from typing import ClassVar
 
 from pyroute2 import IPRoute
 
 from ...config import Config
 from ...names import JobNames
 from ...plan import JobNetwork
-from .. import mtu
 from ..drift import Finding
 from ..firewall.base import ROUTED
 from ..ipam import LockPool, range_pool, range_pool6
+from ..sections import BridgedSection, Section
 
 
 class AttachMode(abc.ABC):
@@ -21,9 +22,11 @@ class AttachMode(abc.ABC):
     counts_by_link = False  # True: traffic bypasses netfilter; the accountant reads the veth's counters
     tags_labels = False    # True: it tags the job's frames with a label-scheme controller's label (apply_label)
     firewall_rules = ROUTED  # the host firewall's rule set for its jobs (lark/kernel/firewall/base.py)
+    section: ClassVar[type[Section]] = Section  # the knobs it reads (lark/kernel/sections.py); it keeps only those
+    cfg: Section
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
+    def __init__(self, cfg: Config | Section):
+        self.cfg = self.section.of(cfg)
         self._prepare_lock = threading.Lock()
 
     # IPv6: None when this mode has no IPv6 configured (jobs that want it are then refused).
@@ -61,8 +64,9 @@ class AttachMode(abc.ABC):
         return None
 
     def link_mtu(self, ipr: IPRoute) -> int | None:
-        """The MTU of the network behind this mode (lark/kernel/mtu.py): NAT follows the route out."""
-        return mtu.route_out_mtu(ipr, self.cfg.uplink)
+        """The MTU of the network behind this mode (lark/kernel/mtu.py); None: lark/kernel/mtu.py's default. NAT
+        follows the route out, the bridged modes their bridge."""
+        return None
 
     @abc.abstractmethod
     def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
@@ -90,9 +94,12 @@ class AttachMode(abc.ABC):
 class BridgedMode(AttachMode):
     """Modes that put the job on the site network: addresses from `bridge_range`, the site's gateway."""
     bridged = True
+    section: ClassVar[type[Section]] = BridgedSection
+    cfg: BridgedSection
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config | BridgedSection):
         super().__init__(cfg)
+        cfg = self.cfg
         first, last = (x.strip() for x in cfg.bridge_range.split("-"))
         self._pool = range_pool(cfg.ipam_dir, first, last)
         self._ready = False

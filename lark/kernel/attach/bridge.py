@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import ClassVar
 
 from pyroute2 import IPRoute
 
+from ...config import Config
 from ...errors import LarkError
 from ...names import JobNames
 from ...plan import JobNetwork
@@ -21,6 +23,7 @@ from ..drift import Finding, drifted, present
 from ..firewall import same_ep
 from ..firewall.base import BRIDGED
 from ..links import take_over_uplink, wait_bridge_port_forwarding
+from ..sections import BridgeSection, Section
 from .base import BridgedMode
 from .isolation import is_isolated, isolate_port, pinned_macs
 
@@ -30,6 +33,11 @@ log = logging.getLogger(__name__)
 class BridgeMode(BridgedMode):
     name = "bridge"
     firewall_rules = BRIDGED
+    section: ClassVar[type[Section]] = BridgeSection
+    cfg: BridgeSection
+
+    def __init__(self, cfg: Config | BridgeSection):
+        super().__init__(cfg)
 
     @property
     def created_marker(self) -> str:

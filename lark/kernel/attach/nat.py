@@ -2,14 +2,18 @@
 from __future__ import annotations
 
 import ipaddress
+from typing import ClassVar
 
 from pyroute2 import IPRoute
 
+from ...config import Config
 from ...names import JobNames
 from ...plan import JobNetwork
+from .. import mtu
 from ..drift import Finding, drifted, present
 from ..ipam import LockPool, address_pool, address_pool6
 from ..links import host_rtnl
+from ..sections import NatSection, Section
 from .base import AttachMode
 
 SCOPE_LINK = 253
@@ -18,9 +22,12 @@ IFA_F_NODAD = 0x02
 
 class NatMode(AttachMode):
     name = "nat"
+    section: ClassVar[type[Section]] = NatSection
+    cfg: NatSection
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config | NatSection):
         super().__init__(cfg)
+        cfg = self.cfg
         self._pool = address_pool(cfg.ipam_dir, cfg.subnet)
         if cfg.subnet6:
             net6 = ipaddress.IPv6Network(cfg.subnet6)
@@ -38,6 +45,9 @@ class NatMode(AttachMode):
     @property
     def prefix(self) -> int:
         return 32
+
+    def link_mtu(self, ipr: IPRoute) -> int | None:
+        return mtu.route_out_mtu(ipr, self.cfg.uplink)
 
     def attach(self, ipr: IPRoute, host_idx: int, plan: JobNetwork, names: JobNames) -> None:
         # The gateway address sits on every host-side veth; each job has a host route (/32, /128).

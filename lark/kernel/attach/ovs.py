@@ -22,10 +22,12 @@ import os
 import re
 import threading
 import time
+from typing import ClassVar
 
 from pyroute2 import IPRoute
 
 from ... import labelflows
+from ...config import Config
 from ...errors import LarkError
 from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
@@ -33,6 +35,7 @@ from .. import mtu
 from ..drift import Finding, drifted, present
 from ..firewall.base import SWITCHED, run_tool
 from ..links import take_over_uplink
+from ..sections import OvsSection, Section
 from .base import BridgedMode
 from .ovsdb import Ovsdb
 
@@ -132,10 +135,12 @@ class OvsMode(BridgedMode):
     counts_by_link = True
     tags_labels = True
     firewall_rules = SWITCHED
+    section: ClassVar[type[Section]] = OvsSection
+    cfg: OvsSection
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config | OvsSection):
         super().__init__(cfg)
-        self.db = Ovsdb(cfg.ovs_db)
+        self.db = Ovsdb(self.cfg.ovs_db)
         self._secured: dict[str, tuple] = {}  # key -> the addresses whose allowlist went in with the port
         # cookie -> a labelled job of this bridge (for the multicast flows); None until read from the bridge
         self._labelled: dict[int, labelflows.EdgeJob] | None = None

@@ -4,17 +4,20 @@ from __future__ import annotations
 import dataclasses
 
 from ...config import Config
+from ..sections import FirewallSection
 from .base import Counters, Firewall
 
 BACKENDS = ("nftables", "iptables")
 
 
 def make_firewall(cfg: Config) -> Firewall:
+    """The driver `cfg.firewall` names, given only its section of the configuration (lark/kernel/sections.py)."""
+    section = FirewallSection.from_config(cfg)
     if cfg.firewall == "iptables":
         from .iptables import IptablesFirewall
-        return IptablesFirewall(cfg)
+        return IptablesFirewall(section)
     from .nftables import NftablesFirewall
-    return NftablesFirewall(cfg)
+    return NftablesFirewall(section)
 
 
 def other_firewalls(cfg: Config) -> list[Firewall]:

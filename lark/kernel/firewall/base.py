@@ -10,6 +10,7 @@ from ...errors import LarkError
 from ...names import JobNames
 from ...plan import JobNetwork
 from ..drift import Finding
+from ..sections import FirewallSection
 
 
 @dataclass
@@ -30,8 +31,8 @@ SWITCHED = "switched"  # switched by OVS outside netfilter: OpenFlow does the fi
 class Firewall(abc.ABC):
     name = "abstract"
 
-    def __init__(self, cfg: Config):
-        self.cfg = cfg
+    def __init__(self, cfg: Config | FirewallSection):
+        self.cfg = FirewallSection.of(cfg)  # only the knobs the drivers read (lark/kernel/sections.py)
 
     @abc.abstractmethod
     def ensure_base(self) -> None:
@@ -74,7 +75,7 @@ class Firewall(abc.ABC):
         """Whether any shared object exists (for gc and doctor)."""
 
 
-def dns_allowed(cfg: Config, net: JobNetwork) -> bool:
+def dns_allowed(cfg: FirewallSection, net: JobNetwork) -> bool:
     """Whether the firewall admits the job to the host's DNS forwarder (lark/kernel/dns.py). Not without outbound
     connectivity, nor when the pool controller drops its traffic or WAN traffic: query names carry data to any
     zone's server, so DNS would be the job's tunnel out."""

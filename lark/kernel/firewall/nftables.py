@@ -9,11 +9,13 @@ import ipaddress
 import json
 import logging
 
+from ...config import Config
 from ...errors import LarkError
 from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
 from .. import forwarding
 from ..drift import Finding
+from ..sections import FirewallSection
 from . import libnft, nftcounters, nftverify
 from .base import BRIDGED, SWITCHED, Counters, Firewall, dns_allowed
 
@@ -113,9 +115,9 @@ def _ct_state(*states: str) -> dict:
 class NftablesFirewall(Firewall):
     name = "nftables"
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: Config | FirewallSection):
         super().__init__(cfg)
-        self.table = cfg.nft_table
+        self.table = self.cfg.nft_table
         self.t = {"family": "inet", "table": self.table}
         self.tb = {"family": "bridge", "table": self.table}
         self._bridge_base_done = False  # the bridge table's base goes in once per daemon, with its first job
