@@ -15,10 +15,17 @@ the EP) must be a QUEUE_SUPER_USER there.
 Cost at the schedd (issue 23 item 10): a push sends only the attributes whose value changed since the schedd last
 took this job's figures (the plan's once, counters and rates while they move, nothing when nothing moved), the
 schedd's address is looked up once, and pushes run on one thread in order of urgency (`PushQueue`): the exit
-barrier's before the periodic ones. htcondor2 (25.x) edits one attribute per call and has no transaction;
-`condor_qedit`, which sets many in one, always marks them dirty, and the schedd then sends them to the job's shadow,
-which writes NetworkInputMb/NetworkOutputMb (on its own update list) back later with what it merged, possibly
-an older value than larkd's last. So larkd edits through htcondor2 without that flag.
+barrier's before the periodic ones. htcondor2 (25.x) edits one attribute per call, each call its own schedd
+session (connect, resumed security session, transaction, commit), and has no multi-attribute edit. An edit must
+not be marked dirty (TransactionFlag.SetDirty, `condor_qedit -forward`): the schedd would send it to the job's
+shadow, which writes NetworkInputMb/NetworkOutputMb (on its own update list) back later with what it merged,
+possibly an older value than larkd's last. Every way here leaves that flag off.
+
+Ways to the schedd (EDIT_WAYS, measured side by side by bench/barrier.py and on the pool; docs/performance.md, "The
+exit barrier"): `htcondor2` (one session per attribute), `htcondor2-nondurable` (the same without the schedd's
+fdatasync per commit), `qedit` (`condor_qedit -edits:new -`: all of a push's attributes in one session and one
+transaction, but a process start and a fresh authentication per push, no security session kept). DEFAULT_WAY is
+larkd's.
 
 htcondor2's `edit` and `act` hold the GIL for their whole exchange with the schedd (measured on the testbed's
 schedd: a spinning Python thread got 4 turns during 50 edits, 20 ms), so every edit in larkd's own process froze
@@ -30,7 +37,10 @@ from __future__ import annotations
 import concurrent.futures
 import itertools
 import logging
+import os
 import queue
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -91,7 +101,11 @@ class EditWorker:
     thread is the only caller in larkd). A worker that died is started again once per request; an error at the
     schedd comes back as the exception's text (RuntimeError)."""
 
-    def __init__(self, argv: list[str] | None = None):
+    def __init__(self, argv: list[str] | None = None, way: str = ""):
+        way = way or DEFAULT_WAY
+        if way not in EDIT_WAYS:
+            raise ValueError(f"unknown edit way {way!r}: one of {', '.join(EDIT_WAYS)}")
+        self.way = way   # how the worker's edits reach the schedd (EDIT_WAYS), sent with each edit
         self.argv = argv or [sys.executable, "-m", "lark.daemon.adpush", "--worker"]
         self.proc: subprocess.Popen | None = None
         self.lock = threading.Lock()
@@ -144,14 +158,15 @@ class EditWorker:
                 raise RuntimeError(answer.get("error", "no answer") if isinstance(answer, dict) else "bad answer")
 
     def edit(self, schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:
-        self.call("edit", schedd=schedd_name, job=job_id, attrs=attrs)
+        self.call("edit", schedd=schedd_name, job=job_id, attrs=attrs, way=self.way)
 
     def hold(self, schedd_name: str, job_id: str, reason: str) -> None:
         self.call("hold", schedd=schedd_name, job=job_id, reason=reason)
 
 
 def serve(stdin: Any = None, stdout: Any = None) -> None:
-    """The worker's loop: one JSON request per line (`edit` or `hold`), one answer per line, until EOF."""
+    """The worker's loop: one JSON request per line (`edit`, with the way it takes to the schedd, EDIT_WAYS, or
+    `hold`), one answer per line, until EOF."""
     from .. import protocol
     stdin = stdin or sys.stdin.buffer
     stdout = stdout or sys.stdout.buffer
@@ -166,7 +181,8 @@ def serve(stdin: Any = None, stdout: Any = None) -> None:
             if not isinstance(msg, dict):
                 raise ValueError("request is not a JSON object")
             if msg.get("op") == "edit":
-                htcondor_edit(str(msg["schedd"]), str(msg["job"]), {str(k): str(v) for k, v in msg["attrs"].items()})
+                edit = EDIT_WAYS[str(msg.get("way") or DEFAULT_WAY)]
+                edit(str(msg["schedd"]), str(msg["job"]), {str(k): str(v) for k, v in msg["attrs"].items()})
             elif msg.get("op") == "hold":
                 htcondor_hold(str(msg["schedd"]), str(msg["job"]), str(msg["reason"]))
             else:
@@ -289,27 +305,114 @@ def schedd_at(schedd_name: str) -> Any:
     the location, so a schedd that moved is looked up again. Always by name (the claim's): never "whichever schedd
     the collector knows", which on a pool with several would be any of them."""
     import htcondor2 as ht
+    return ht.Schedd(schedd_location(schedd_name))
+
+
+def schedd_location(schedd_name: str) -> Any:
+    """The location ad of the schedd of this name (MyAddress, ...), from the collector once (schedd_at)."""
+    import htcondor2 as ht
     if not schedd_name:
         raise LookupError("no schedd named: larkd edits a job only at the schedd its claim names")
     loc = _schedd_locations.get(schedd_name)
     if loc is None:
         loc = ht.Collector().locate(ht.DaemonType.Schedd, schedd_name)
         _schedd_locations[schedd_name] = loc
-    return ht.Schedd(loc)
+    return loc
 
 
-def htcondor_edit(schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:
-    """Set attributes of one job at its schedd (htcondor2, as root). htcondor2 takes one attribute per edit; its
-    default flags do not mark them dirty, so the job's shadow is not sent them (see the module's docstring)."""
+def htcondor_edit(schedd_name: str, job_id: str, attrs: dict[str, str], flags: Any = None) -> None:
+    """Set attributes of one job at its schedd (htcondor2, as root). htcondor2 takes one attribute per edit, each
+    its own schedd session; its default flags do not mark them dirty, so the job's shadow is not sent them (see
+    the module's docstring)."""
     import classad2
     try:
         schedd = schedd_at(schedd_name)
+        extra = {} if flags is None else {"flags": flags}
         for attr, literal in attrs.items():
-            if schedd.edit(job_id, attr, classad2.ExprTree(literal)) < 1:
+            if schedd.edit(job_id, attr, classad2.ExprTree(literal), **extra) < 1:
                 raise LookupError(f"the schedd no longer holds job {job_id}")
     except Exception:
         _schedd_locations.pop(schedd_name, None)
         raise
+
+
+def htcondor_edit_nondurable(schedd_name: str, job_id: str, attrs: dict[str, str]) -> None:
+    """htcondor_edit with TransactionFlag.NonDurable: the schedd does not fsync its job queue log for these edits
+    (measured in bench/barrier.py; not larkd's way: see docs/design.md, "The exit barrier")."""
+    import htcondor2 as ht
+    htcondor_edit(schedd_name, job_id, attrs, flags=ht.TransactionFlag.NonDurable)
+
+
+ATTR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def qedit_edits(attrs: dict[str, str]) -> str:
+    """The ClassAd that `condor_qedit -edits:new -` reads on stdin: the attributes of one push, each literal as
+    larkd built it (new ClassAd syntax, the same text htcondor2's edit sends). A name that is not a ClassAd
+    attribute name or a literal with a line break (which could carry a second attribute) is refused."""
+    if not attrs:
+        raise ValueError("no attributes to edit")
+    for attr, literal in attrs.items():
+        if not ATTR_NAME.match(attr):
+            raise ValueError(f"{attr!r} is not a ClassAd attribute name")
+        if "\n" in literal or "\r" in literal or not literal.strip():
+            raise ValueError(f"the value of {attr} is not a one-line ClassAd literal: {literal!r}")
+    return "[ " + "; ".join(f"{attr} = {literal}" for attr, literal in attrs.items()) + " ]\n"
+
+
+def qedit_argv(qedit: str, schedd: str, job_id: str) -> list[str]:
+    """condor_qedit's command line for one job's push (without -forward: nothing marked dirty, as htcondor2's
+    default flags; the edits come on stdin)."""
+    if not re.fullmatch(r"[0-9]+\.[0-9]+", job_id):
+        raise ValueError(f"{job_id!r} is not a job id (cluster.proc)")
+    return [qedit, "-name", schedd, job_id, "-edits:new", "-"]
+
+
+def find_qedit(which: Callable[[str], str | None] = shutil.which, bindir: str | None = None) -> str:
+    """condor_qedit from PATH, else from HTCondor's BIN (`bindir`, else the configuration's; an EP has it)."""
+    found = which("condor_qedit")
+    if found:
+        return found
+    if bindir is None:
+        bindir = "/usr/bin"
+        try:
+            import htcondor2 as ht
+            bindir = str(ht.param.get("BIN", bindir))
+        except Exception:   # no bindings: the error below names the fix
+            pass
+    candidate = os.path.join(bindir, "condor_qedit")
+    if os.access(candidate, os.X_OK):
+        return candidate
+    raise FileNotFoundError(f"condor_qedit is neither on PATH nor in HTCondor's BIN ({bindir}): larkd's figures "
+                            "cannot reach the schedd; install HTCondor's tools on this EP (the condor package) or "
+                            "put condor_qedit on larkd's PATH")
+
+
+def qedit_edit(schedd_name: str, job_id: str, attrs: dict[str, str],
+               run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+               which: Callable[[str], str | None] = shutil.which, bindir: str | None = None) -> None:
+    """Set all of a push's attributes of one job in ONE schedd session and transaction (`condor_qedit -edits`):
+    one connect, authentication and commit (one fsync of the job queue log) instead of one per attribute. The
+    schedd is named by its address from the collector (located once, as htcondor_edit), so condor_qedit does no
+    collector query. Without -forward: not marked dirty, the shadow is not sent them (the module's docstring)."""
+    text = qedit_edits(attrs)
+    try:
+        qedit = find_qedit(which, bindir)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"figures of job {job_id} not pushed to schedd {schedd_name}: {e}") from None
+    try:
+        address = str(schedd_location(schedd_name).get("MyAddress") or schedd_name)
+        cp = run(qedit_argv(qedit, address, job_id), input=text, capture_output=True, text=True, timeout=60)
+    except Exception:
+        _schedd_locations.pop(schedd_name, None)
+        raise
+    if cp.returncode != 0:
+        _schedd_locations.pop(schedd_name, None)
+        err = " ".join((cp.stderr or cp.stdout or "").split())
+        if "Failed to set attribute" in err:
+            raise LookupError(f"the schedd no longer holds job {job_id} (condor_qedit: {err})")
+        raise RuntimeError(f"condor_qedit could not edit job {job_id} at schedd {schedd_name} (exit "
+                           f"{cp.returncode}): {err}")
 
 
 def htcondor_hold(schedd_name: str, job_id: str, reason: str) -> None:
@@ -327,6 +430,11 @@ def htcondor_hold(schedd_name: str, job_id: str, reason: str) -> None:
     if int(result.get("TotalSuccess", 0)) < 1:
         raise LookupError(f"the schedd did not hold job {job_id}: {result}")
 
+
+EDIT_WAYS: dict[str, Callable[[str, str, dict[str, str]], None]] = {
+    "qedit": qedit_edit, "htcondor2": htcondor_edit, "htcondor2-nondurable": htcondor_edit_nondurable}
+
+DEFAULT_WAY = "htcondor2"
 
 URGENT, ROUTINE = 0, 1  # PushQueue priorities: the exit barrier's push, then everything else
 

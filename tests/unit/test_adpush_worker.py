@@ -23,7 +23,7 @@ class JobAction:
     Hold = 2
 class Collector:
     def locate(self, daemon_type, name=None):
-        return {"Name": name}
+        return {"Name": name, "MyAddress": "<127.0.0.1:9618?name=" + name + ">"}
 class Schedd:
     def __init__(self, loc):
         self.loc = loc
@@ -75,7 +75,7 @@ def spins_during(work) -> int:
 def test_edits_go_through_the_worker_and_larkd_keeps_running_meanwhile(fake_condor, monkeypatch):
     mods, edits = fake_condor
     monkeypatch.setenv("FAKE_EDIT_US", "300000")
-    worker = adpush.EditWorker()
+    worker = adpush.EditWorker(way="htcondor2")
     worker.start()
     try:
         time.sleep(0.5)   # the worker's imports are done before the edit, as in larkd
@@ -100,9 +100,9 @@ def test_edits_go_through_the_worker_and_larkd_keeps_running_meanwhile(fake_cond
 
 def test_a_refused_edit_is_an_error_naming_the_job_and_a_dead_worker_is_replaced(fake_condor):
     _, edits = fake_condor
-    worker = adpush.EditWorker()
+    worker = adpush.EditWorker(way="htcondor2")
     try:
-        with pytest.raises(RuntimeError, match="no longer holds job 9.9"):
+        with pytest.raises(RuntimeError, match=r"no longer holds job 9\.9"):
             worker.edit("ap", "9.9", {"NetworkIncomingBytes": "1"})
         assert worker.proc is not None
         worker.proc.kill()
@@ -118,3 +118,29 @@ def test_the_pusher_uses_a_worker_unless_given_its_own_edit():
     assert adpush.AdPusher().worker is not None
     p = adpush.AdPusher(edit=lambda s, j, a: None, hold=lambda s, j, r: None)
     assert p.worker is None
+
+
+FAKE_QEDIT = '''#!/bin/sh
+# a stand-in condor_qedit: its argv and stdin into $FAKE_EDITS; job 9.9 is gone
+{ echo "$*"; cat; } >> "$FAKE_EDITS"
+case "$*" in *" 9.9 "*) echo 'Failed to set attribute "A" for job 9.9.' >&2; exit 1;; esac
+'''
+
+
+def test_the_qedit_way_sends_every_attribute_in_one_condor_qedit_run(fake_condor, tmp_path, monkeypatch):
+    _, edits = fake_condor
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "condor_qedit").write_text(FAKE_QEDIT)
+    (bindir / "condor_qedit").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    worker = adpush.EditWorker(way="qedit")
+    assert worker.argv[-1] == "--worker"   # the way goes with each edit
+    try:
+        worker.edit("ap", "4.0", {"NetworkIncomingBytes": "7", "LarkFiguresBy": '"ep"'})
+        assert edits.read_text().splitlines() == ["-name <127.0.0.1:9618?name=ap> 4.0 -edits:new -",
+                                                  '[ NetworkIncomingBytes = 7; LarkFiguresBy = "ep" ]']
+        with pytest.raises(RuntimeError, match=r"LookupError: the schedd no longer holds job 9\.9"):
+            worker.edit("ap", "9.9", {"A": "1"})
+    finally:
+        worker.stop()
