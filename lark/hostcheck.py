@@ -111,13 +111,15 @@ def firewalls(run: Runner, cfg: Config) -> list[Finding]:
 
 def resolver(cfg: Config, which: Callable[[str], str | None] = shutil.which) -> Finding:
     from .kernel.dns import forwarder_status, loopback_nameservers
+    from .kernel.sections import DnsSection
     loop = loopback_nameservers(cfg.resolv_conf) + loopback_nameservers(cfg.resolv_conf, 6)
     found = ", ".join(loop) or "no loopback nameserver"
     if loop and cfg.dns_forward and not which("dnsmasq"):
         return Finding("DNS", found, False, "jobs cannot resolve names: the forwarder needs dnsmasq",
                        "apt-get install dnsmasq-base (Debian, Ubuntu) or dnf install dnsmasq (EL9)")
     ok = not loop or cfg.dns_forward
-    return Finding("DNS", found, ok, forwarder_status(cfg), "" if ok else "set dns_forward = true in lark.toml")
+    status = forwarder_status(DnsSection.from_config(cfg))
+    return Finding("DNS", found, ok, status, "" if ok else "set dns_forward = true in lark.toml")
 
 
 def dhcpv6_client(cfg: Config, which: Callable[[str], str | None] = shutil.which) -> list[Finding]:

@@ -23,6 +23,7 @@ from ..kernel.fairshare import link_jobs, shares
 from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import port_pool
 from ..kernel.ops import REAL, KernelOps
+from ..kernel.sections import JobSections
 from ..names import JobNames, host_mac_seed, set_process_mac_seed
 from ..plan import JobNetwork, NetworkPlan
 from ..realize.feasibility import HostProfile, check_feasible, host_profile
@@ -45,7 +46,8 @@ log = logging.getLogger(__name__)
 class JobNetworker:
     def __init__(self, cfg: Config, firewall: Firewall, records: RecordStore, accountant: Accountant,
                  finished: FinishedStore, kernel: KernelOps = REAL):
-        self.cfg = cfg
+        self.cfg = cfg  # the live knobs (lark/daemon/reload.py updates it); the kernel gets only sections
+        self.sections = JobSections.from_config(cfg)  # built once: none of their knobs is live
         self.kernel = kernel  # every kernel call of the orchestration (lark/kernel/ops.py; tests pass a fake)
         self.fw = firewall
         self.records = records
@@ -53,7 +55,7 @@ class JobNetworker:
         self.finished = finished
         self.modes = make_modes(cfg)
         self.leases = kernel.lease_cache(os.path.join(cfg.state_dir, "leases"))
-        self.dns = kernel.dns_forwarder(cfg)
+        self.dns = kernel.dns_forwarder(self.sections.dns)
         lo, hi = cfg.port_range
         self.ports = port_pool(cfg.ipam_dir, lo, hi)
         self._local = threading.local()

@@ -25,6 +25,7 @@ from ..kernel.drift import Finding, drifted
 from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import LockPool
 from ..kernel.ops import KernelOps
+from ..kernel.sections import JobSections
 from ..names import HOST_IF_PREFIX, JobNames, key_from_host_if
 from ..plan import JobNetwork
 from .controller_client import ControllerClient
@@ -47,6 +48,7 @@ TRANSFER_NETNS = 0
 class Host(Protocol):
     """What the resources use of the JobNetworker (this EP's shared parts)."""
     cfg: Config
+    sections: JobSections               # what the kernel functions get (lark/kernel/sections.py)
     fw: Firewall
     acct: Accountant
     records: RecordStore
@@ -220,7 +222,7 @@ class Veth(Base):
         kernel = self.host.kernel
         made = kernel.create_veth(ctx.ipr, n.host_if, n.job_if, ctx.ns_fd, plan.job_id,
                                   n.job_mac if ctx.profile.bridged else None,
-                                  kernel.job_mtu(ctx.ipr, self.host.cfg, ctx.profile.mode))
+                                  kernel.job_mtu(ctx.ipr, self.host.sections.mtu, ctx.profile.mode))
         # The kernel's echo of the create request gave the indexes (links.py); else look the host end up.
         ctx.host_idx = made.host if made is not None else ctx.ipr.link_lookup(ifname=n.host_if)[0]
 
@@ -351,13 +353,13 @@ class Address(Base):
             ipv6, prefix = self.host.kernel.wait_for_slaac(nipr, idx, net.plan.job_id, cfg.slaac_timeout)
             ctx.set_net(net.with_addresses(ipv6=ipv6, ipv6_prefix=prefix))
         elif ctx.profile.dhcpv6(net.plan, cfg):
-            ipv6, prefix = self.host.kernel.dhcpv6_acquire(cfg, net.plan.key, self.host.netns_path(net.plan.key),
-                                                           ctx.names.job_if, nipr, idx, net.plan.job_id,
-                                                           cfg.dhcpv6_timeout)
+            ipv6, prefix = self.host.kernel.dhcpv6_acquire(self.host.sections.dhcp6, net.plan.key,
+                                                           self.host.netns_path(net.plan.key), ctx.names.job_if,
+                                                           nipr, idx, net.plan.job_id, cfg.dhcpv6_timeout)
             ctx.set_net(net.with_addresses(ipv6=ipv6, ipv6_prefix=prefix))
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
-        errors.run("stop the DHCPv6 client", self.host.kernel.dhcpv6_stop, self.host.cfg, ctx.key)
+        errors.run("stop the DHCPv6 client", self.host.kernel.dhcpv6_stop, self.host.sections.dhcp6, ctx.key)
 
     def check(self, ctx: CheckCtx) -> list[Finding]:
         if ctx.nipr is None or ctx.job_idx is None:
@@ -372,7 +374,7 @@ class Address(Base):
 
     def keys(self) -> Iterable[tuple[str, str]]:
         # A client in a job's netns keeps it alive after its name is gone; its directory names the job.
-        return [(k, "DHCPv6 client") for k in self.host.kernel.dhcpv6_keys(self.host.cfg)]
+        return [(k, "DHCPv6 client") for k in self.host.kernel.dhcpv6_keys(self.host.sections.dhcp6)]
 
 
 class DnsSteering(Base):
@@ -387,11 +389,11 @@ class DnsSteering(Base):
                                    self.host.netns_path(plan.key), ctx.names.job_if, ctx.job_idx, plan.job_id)
 
     def remove(self, ctx: JobCtx, errors: TeardownErrors) -> None:
-        errors.run("stop the IPv6 DNS relay", self.host.kernel.stop_dns6_relay, self.host.cfg,
+        errors.run("stop the IPv6 DNS relay", self.host.kernel.stop_dns6_relay, self.host.sections.dns,
                    self.host.netns_path(ctx.key))
 
     def keys(self) -> Iterable[tuple[str, str]]:
-        return [(k, "IPv6 DNS relay") for k in self.host.kernel.dns6_relay_keys(self.host.cfg)]
+        return [(k, "IPv6 DNS relay") for k in self.host.kernel.dns6_relay_keys(self.host.sections.dns)]
 
 
 class Shaping(Base):

@@ -20,6 +20,7 @@ from ..errors import LarkError
 from ..kernel import forwarding, netns
 from ..kernel.accounting import Accountant
 from ..kernel.firewall import make_firewall
+from ..kernel.sections import ForwardingSection
 from ..names import job_key
 from ..plan import NetworkPlan
 from ..policy.adsource import make_ad_source
@@ -98,7 +99,8 @@ class Larkd:
         for d in (cfg.run_dir, cfg.state_dir):
             os.makedirs(d, mode=0o755, exist_ok=True)
         netns.ensure_netns_dir(cfg.netns_dir)
-        forwarding.claim(cfg)  # before forwarding goes on: whether Lark is the one turning it on
+        # Before forwarding goes on: whether Lark is the one turning it on.
+        forwarding.claim(ForwardingSection.from_config(cfg))
         if cfg.enable_ip_forward:
             with open("/proc/sys/net/ipv4/ip_forward", "w") as f:
                 f.write("1")

@@ -24,11 +24,11 @@ import time
 
 from pyroute2 import IPRoute
 
-from ..config import Config
 from ..errors import LarkError
 from . import jobproc
 from .firewall.base import run_tool
 from .ipv6auto import slaac_address
+from .sections import Dhcp6Section
 
 log = logging.getLogger(__name__)
 CLIENT = "dhcpcd"
@@ -46,23 +46,23 @@ MOUNT_AND_RUN = ('mkdir -p /run/dhcpcd /var/lib/dhcpcd && mount --bind "$1/run" 
                  'mount --bind "$1/db" /var/lib/dhcpcd && ns="$2" && shift 2 && exec nsenter --net="$ns" "$@"')
 
 
-def job_dir(cfg: Config, key: str) -> str:
+def job_dir(cfg: Dhcp6Section, key: str) -> str:
     return os.path.join(cfg.run_dir, "dhcp6", key)
 
 
-def log_path(cfg: Config, key: str) -> str:
+def log_path(cfg: Dhcp6Section, key: str) -> str:
     """dhcpcd's own log of the job's lease (solicit, renewals), while the job runs."""
     return os.path.join(job_dir(cfg, key), "run", "dhcpcd.log")
 
 
-def client_argv(cfg: Config, key: str, netns_path: str, job_if: str, timeout: float) -> list[str]:
+def client_argv(cfg: Dhcp6Section, key: str, netns_path: str, job_if: str, timeout: float) -> list[str]:
     d = job_dir(cfg, key)
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", MOUNT_AND_RUN, "lark-dhcp6", d,
             netns_path, CLIENT, f"--config={d}/dhcpcd.conf", "-6", "-w", f"--timeout={max(1, round(timeout))}",
             job_if]
 
 
-def _prepare_dir(cfg: Config, key: str, netns_path: str) -> str:
+def _prepare_dir(cfg: Dhcp6Section, key: str, netns_path: str) -> str:
     parent = os.path.join(cfg.run_dir, "dhcp6")
     os.makedirs(parent, mode=0o700, exist_ok=True)
     os.chmod(parent, 0o700)  # the jobs' control sockets are below: root only
@@ -77,7 +77,7 @@ def _prepare_dir(cfg: Config, key: str, netns_path: str) -> str:
     return d
 
 
-def acquire(cfg: Config, key: str, netns_path: str, job_if: str, nipr: IPRoute, idx: int, job: str,
+def acquire(cfg: Dhcp6Section, key: str, netns_path: str, job_if: str, nipr: IPRoute, idx: int, job: str,
             timeout: float) -> tuple[str, int]:
     """Start the job's dhcpcd and return the leased address once the job's device has it and a default route
     (from the site's router advertisement). On failure, the caller's teardown stops what was started."""
@@ -111,7 +111,7 @@ def acquire(cfg: Config, key: str, netns_path: str, job_if: str, nipr: IPRoute, 
     return got
 
 
-def running_pid(cfg: Config, key: str) -> int | None:
+def running_pid(cfg: Dhcp6Section, key: str) -> int | None:
     """The job's dhcpcd manager, if it still runs (dhcpcd rewrites its command line, so the netns it sits in is
     what tells it from a reused pid)."""
     run = os.path.join(job_dir(cfg, key), "run")
@@ -122,12 +122,12 @@ def running_pid(cfg: Config, key: str) -> int | None:
     return jobproc.find(job_dir(cfg, key), pid_files, CLIENT)
 
 
-def stop(cfg: Config, key: str) -> bool:
+def stop(cfg: Dhcp6Section, key: str) -> bool:
     """Stop the job's dhcpcd (it then removes its address) and remove its directory; safe to repeat.
     True when a client was running."""
     return jobproc.stop_and_remove(running_pid(cfg, key), job_dir(cfg, key), f"dhcpcd of {key}")
 
 
-def job_keys(cfg: Config) -> set[str]:
+def job_keys(cfg: Dhcp6Section) -> set[str]:
     """Keys with a DHCPv6 client directory (for gc)."""
     return set(jobproc.directories(os.path.join(cfg.run_dir, "dhcp6")))

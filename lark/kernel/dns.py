@@ -40,7 +40,6 @@ from pathlib import Path
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ..config import Config
 from ..errors import LarkError
 from ..names import DNS_DEVICE
 from . import dns6, netns
@@ -164,8 +163,8 @@ def ensure_user(name: str) -> int:
 class Forwarder:
     """The host-side DNS forwarder: a Lark-owned device holding `dns_address`, and a dnsmasq on it."""
 
-    def __init__(self, cfg: Config | DnsSection):
-        self.cfg = DnsSection.of(cfg)  # only the knobs it reads (lark/kernel/sections.py)
+    def __init__(self, cfg: DnsSection):
+        self.cfg = DnsSection.expect(cfg)  # only the knobs it reads (lark/kernel/sections.py)
         self.pid_file = os.path.join(self.cfg.run_dir, "dns-forwarder.pid")
         self._lock = threading.Lock()
 
@@ -279,9 +278,8 @@ class Forwarder:
         return done
 
 
-def forwarder_status(cfg: Config | DnsSection) -> str:
+def forwarder_status(cfg: DnsSection) -> str:
     """One line for `lark doctor` / status: what Lark does about the host's resolver."""
-    cfg = DnsSection.of(cfg)
     loop = loopback_nameservers(cfg.resolv_conf) + loopback_nameservers(cfg.resolv_conf, 6)
     if not loop:
         return f"{cfg.resolv_conf}: no loopback nameserver, jobs use it as it is"

@@ -10,8 +10,7 @@ the same allowed and counted path as the IPv4 ones and are answered from the hos
 touch it: it runs as `dns_user` after binding (never nobody, which jobs run as: a job could signal another job's
 relay), in a netns where the job has no CAP_NET_ADMIN. Teardown stops it before the netns goes.
 
-Each function takes the DNS section (lark/kernel/sections.py) or, from callers outside the kernel, the whole
-Config, and reads only the section.
+Each function takes only the DNS section (lark/kernel/sections.py).
 """
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ import pwd
 import shutil
 import time
 
-from ..config import Config
 from ..errors import LarkError
 from . import jobproc
 from .firewall.base import run_tool
@@ -31,9 +29,8 @@ from .sections import DnsSection
 log = logging.getLogger(__name__)
 
 
-def run_as(cfg: Config | DnsSection) -> list[str]:
+def run_as(cfg: DnsSection) -> list[str]:
     """dnsmasq's options to drop root for `dns_user` and its primary group (its defaults are nobody and dip)."""
-    cfg = DnsSection.of(cfg)
     try:
         user = pwd.getpwnam(cfg.dns_user)
         group = grp.getgrgid(user.pw_gid).gr_name
@@ -44,22 +41,19 @@ def run_as(cfg: Config | DnsSection) -> list[str]:
     return [f"--user={cfg.dns_user}", f"--group={group}"]
 
 
-def relay_dir(cfg: Config | DnsSection, netns_path: str) -> str:
-    cfg = DnsSection.of(cfg)
+def relay_dir(cfg: DnsSection, netns_path: str) -> str:
     return os.path.join(cfg.run_dir, "dns6", os.path.basename(netns_path))
 
 
-def relay_argv(cfg: Config | DnsSection, netns_path: str, listen: list[str]) -> list[str]:
-    cfg = DnsSection.of(cfg)
+def relay_argv(cfg: DnsSection, netns_path: str, listen: list[str]) -> list[str]:
     d = relay_dir(cfg, netns_path)
     return ["nsenter", f"--net={netns_path}", "dnsmasq", "--conf-file=/dev/null", f"--pid-file={d}/dnsmasq.pid",
             *(f"--listen-address={a}" for a in listen), "--bind-interfaces", "--no-resolv", "--no-hosts",
             f"--server={cfg.dns_address}", "--cache-size=0", *run_as(cfg)]
 
 
-def start_relay(cfg: Config | DnsSection, netns_path: str, listen: list[str], job: str) -> int:
+def start_relay(cfg: DnsSection, netns_path: str, listen: list[str], job: str) -> int:
     """A dnsmasq in the job's netns answering on the IPv6 loopback nameservers `listen`; its pid."""
-    cfg = DnsSection.of(cfg)
     parent = os.path.join(cfg.run_dir, "dns6")
     os.makedirs(parent, mode=0o700, exist_ok=True)
     d = relay_dir(cfg, netns_path)
@@ -83,21 +77,18 @@ def start_relay(cfg: Config | DnsSection, netns_path: str, listen: list[str], jo
     return pid
 
 
-def running_pid(cfg: Config | DnsSection, netns_path: str) -> int | None:
-    cfg = DnsSection.of(cfg)
+def running_pid(cfg: DnsSection, netns_path: str) -> int | None:
     d = relay_dir(cfg, netns_path)
     return jobproc.find(d, [os.path.join(d, "dnsmasq.pid")], "dnsmasq")
 
 
-def stop_relay(cfg: Config | DnsSection, netns_path: str) -> bool:
+def stop_relay(cfg: DnsSection, netns_path: str) -> bool:
     """Stop the job's relay and remove its directory; safe to repeat. True when one was running."""
-    cfg = DnsSection.of(cfg)
     return jobproc.stop_and_remove(running_pid(cfg, netns_path), relay_dir(cfg, netns_path),
                                    f"DNS relay of {os.path.basename(netns_path)}")
 
 
-def job_keys(cfg: Config | DnsSection) -> set[str]:
+def job_keys(cfg: DnsSection) -> set[str]:
     """Keys of jobs with a relay directory (for gc); the directories are named after the job's netns."""
-    cfg = DnsSection.of(cfg)
     names = jobproc.directories(os.path.join(cfg.run_dir, "dns6"))
     return {n[len(cfg.netns_prefix):] for n in names if n.startswith(cfg.netns_prefix)}

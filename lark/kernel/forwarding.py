@@ -13,14 +13,14 @@ import logging
 import os
 from typing import Protocol
 
-from ..config import Config
+from .sections import ForwardingSection
 
 log = logging.getLogger(__name__)
 IP_FORWARD = "/proc/sys/net/ipv4/ip_forward"
 
 
 class ForwardingKnobs(Protocol):
-    """What lark_only reads: a Config, or the firewall drivers' section (lark/kernel/sections.py)."""
+    """What lark_only reads: the firewall drivers' section or forwarding's (lark/kernel/sections.py)."""
     @property
     def run_dir(self) -> str: ...
     @property
@@ -31,7 +31,7 @@ def marker(cfg: ForwardingKnobs) -> str:
     return os.path.join(cfg.run_dir, "ip_forward.enabled-by-lark")
 
 
-def claim(cfg: Config, sysctl: str = IP_FORWARD) -> None:
+def claim(cfg: ForwardingSection, sysctl: str = IP_FORWARD) -> None:
     """Call before larkd turns forwarding on: remembers that it was off, so nobody else relies on it."""
     if not cfg.enable_ip_forward:
         return

@@ -18,8 +18,8 @@ from typing import Protocol
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
-from ..config import Config
 from .links import host_rtnl
+from .sections import MtuSection
 
 log = logging.getLogger(__name__)
 DEFAULT = 1500
@@ -63,7 +63,7 @@ class MtuSource(Protocol):
     def link_mtu(self, ipr: IPRoute) -> int | None: ...
 
 
-def for_job(ipr: IPRoute, cfg: Config, mode: MtuSource) -> int:
+def for_job(ipr: IPRoute, cfg: MtuSection, mode: MtuSource) -> int:
     """The MTU both ends of a job's veth get: `job_mtu`, else what the job's attach mode says (AttachMode.link_mtu:
     the bridge, the OVS uplink, or the route out)."""
     if cfg.job_mtu:

@@ -18,11 +18,11 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from ..config import Config
 from . import dhcp, dhcp6, dns, dns6, ipv6auto, links, mtu, netns, scitags, shaping
 from .drift import Finding
 from .fairshare import FairShare
 from .firewall import job_netns
+from .sections import Dhcp6Section, DnsSection
 
 
 def dhcp_acquire(ifname: str, mac: str, job: str, owner: str = "") -> dhcp.Lease:
@@ -75,9 +75,9 @@ class KernelOps:
     secure_job_netns: Callable[..., None] = job_netns.secure
     verify_job_netns: Callable[..., list[Finding]] = job_netns.verify
     setup_dns: Callable[..., list[str]] = dns.setup_job
-    dns_forwarder: Callable[[Config], dns.Forwarder] = dns.Forwarder   # the host's forwarder (made once per EP)
-    stop_dns6_relay: Callable[[Config, str], bool] = dns6.stop_relay  # (cfg, the job's netns path)
-    dns6_relay_keys: Callable[[Config], set[str]] = dns6.job_keys
+    dns_forwarder: Callable[[DnsSection], dns.Forwarder] = dns.Forwarder   # the host's forwarder (made once per EP)
+    stop_dns6_relay: Callable[[DnsSection, str], bool] = dns6.stop_relay  # (section, the job's netns path)
+    dns6_relay_keys: Callable[[DnsSection], set[str]] = dns6.job_keys
     # IPv4 from the site's DHCP server (dhcp.py), in the job's netns; the lease cache is larkd's files.
     dhcp_acquire: Callable[..., dhcp.Lease] = dhcp_acquire
     dhcp_renew: Callable[[str, str, str, dhcp.Lease], dhcp.Lease] = dhcp_renew
@@ -88,8 +88,8 @@ class KernelOps:
     wait_for_slaac: Callable[[Any, int, str, float], tuple[str, int]] = ipv6auto.wait_for_slaac
     dhcpv6_client_installed: Callable[[], bool] = dhcpv6_client_installed
     dhcpv6_acquire: Callable[..., tuple[str, int]] = dhcp6.acquire
-    dhcpv6_stop: Callable[[Config, str], bool] = dhcp6.stop                  # (cfg, key)
-    dhcpv6_keys: Callable[[Config], set[str]] = dhcp6.job_keys
+    dhcpv6_stop: Callable[[Dhcp6Section, str], bool] = dhcp6.stop          # (section, key)
+    dhcpv6_keys: Callable[[Dhcp6Section], set[str]] = dhcp6.job_keys
     # SciTags in the job's netns and the firefly reporter (scitags.py).
     scitags_secure: Callable[..., None] = scitags.secure                     # (ns_fd, job, scitag, fireflies=...)
     scitags_verify: Callable[..., list[Finding]] = scitags.verify            # (ns_fd, scitag, fireflies=...)

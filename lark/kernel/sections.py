@@ -1,10 +1,11 @@
 """The kernel layer's configuration: one small frozen section per consumer, holding exactly the knobs it reads.
 
-lark/config.py's flat `Config` stays the source of the knobs (one `LARK_<FIELD>` each); the attach modes, the
-firewall drivers and the DNS forwarder keep only their section, built here from a Config by field name
-(`Section.from_config`; a section field may also name a derived Config property such as `ipam_dir`).
-`make_modes` and `make_firewall` build them; constructors and functions that callers outside the kernel still
-hand the whole Config take either and keep the section (`Section.of`).
+lark/config.py's flat `Config` stays the source of the knobs (one `LARK_<FIELD>` each); every kernel class and
+function (the attach modes, the firewall drivers, the DNS forwarder and relays, dhcp6, mtu.for_job,
+forwarding.claim) takes only its section, built here from a Config by field name (`Section.from_config`; a
+section field may also name a derived Config property such as `ipam_dir`). Whoever holds the Config builds the
+sections once: `make_modes` / `make_firewall` (the wiring), JobNetworker (`JobSections`), larkd, the CLI.
+A constructor handed the wrong thing (a Config, another section) refuses it (`Section.expect`).
 
 No field here is live (`config.live`): condor_reconfig changes none of them in a running larkd, so a section
 captured at start is what the kernel would have read from the Config anyway (tests/unit/test_sections.py
@@ -30,12 +31,10 @@ class Section:
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
     @classmethod
-    def of(cls: type[S], cfg: Config | S) -> S:
-        """`cfg` itself when it is already this section, else this section of the Config."""
-        if isinstance(cfg, Config):
-            return cls.from_config(cfg)
+    def expect(cls: type[S], cfg: S) -> S:
+        """`cfg`, checked to be this section (an untyped caller may still hand a Config or another section)."""
         if not isinstance(cfg, cls):
-            raise TypeError(f"{cls.__name__} or a Config expected, not {type(cfg).__name__}: build the section with "
+            raise TypeError(f"{cls.__name__} expected, not {type(cfg).__name__}: build the section with "
                             f"{cls.__name__}.from_config(cfg)")
         return cfg
 
@@ -121,3 +120,37 @@ class DnsSection(Section):
     dns_forward: bool
     dns_address: str
     dns_user: str
+
+
+@dataclass(frozen=True)
+class Dhcp6Section(Section):
+    """The per-job DHCPv6 clients (lark/kernel/dhcp6.py): where their directories live."""
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class MtuSection(Section):
+    """The job veth's MTU (lark/kernel/mtu.py for_job): the override; 0 follows the attach mode."""
+    job_mtu: int
+
+
+@dataclass(frozen=True)
+class ForwardingSection(Section):
+    """Whether larkd turns IPv4 forwarding on and remembers it did (lark/kernel/forwarding.py claim)."""
+    run_dir: str
+    enable_ip_forward: bool
+    forward_policy: str
+
+
+@dataclass(frozen=True)
+class JobSections:
+    """The sections a JobNetworker hands the kernel per job (built once from its Config; the Config itself stays
+    for the live knobs)."""
+    dns: DnsSection
+    dhcp6: Dhcp6Section
+    mtu: MtuSection
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> JobSections:
+        return cls(dns=DnsSection.from_config(cfg), dhcp6=Dhcp6Section.from_config(cfg),
+                   mtu=MtuSection.from_config(cfg))

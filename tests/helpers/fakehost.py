@@ -215,7 +215,8 @@ class FakeHost:
         # larkd's DNS forwarder daemonizes (it outlives larkd on purpose); gc --purge ends it only when no
         # record is left, so end it here by its pid file too.
         from lark.kernel.dns import Forwarder
-        pid = Forwarder(self.cfg).running_pid()
+        from lark.kernel.sections import DnsSection
+        pid = Forwarder(DnsSection.from_config(self.cfg)).running_pid()
         if pid is not None:
             os.kill(pid, signal.SIGTERM)
         if self.ovs:

@@ -34,6 +34,7 @@ from lark.kernel.drift import Finding, drifted, present
 from lark.kernel.fairshare import FairShare, LinkJob
 from lark.kernel.firewall.base import Counters, Firewall
 from lark.kernel.ops import KernelOps
+from lark.kernel.sections import FirewallSection
 from lark.names import JobNames
 
 
@@ -63,7 +64,7 @@ class FakeFirewall(Firewall):
     """A driver whose rules are objects ("fw:<name>", key) in the fake kernel."""
 
     def __init__(self, cfg: Config, kernel: FakeKernel, name: str = "nftables"):
-        super().__init__(cfg)
+        super().__init__(FirewallSection.from_config(cfg))
         self.k = kernel
         self.name = name
 
@@ -151,7 +152,7 @@ class FakeMode(FakeAttach, NatMode):
     kind, step_prefix, makes_shared, filters = "route", "mode", False, False
 
     def __init__(self, cfg: Config, kernel: FakeKernel):
-        NatMode.__init__(self, cfg)
+        NatMode.__init__(self, self.section.from_config(cfg))
         self.k = kernel
 
 
@@ -160,7 +161,7 @@ class FakeBridgeMode(FakeAttach, BridgeMode):
     kind, step_prefix = "bridge-port", "bridge"
 
     def __init__(self, cfg: Config, kernel: FakeKernel):
-        BridgeMode.__init__(self, cfg)
+        BridgeMode.__init__(self, self.section.from_config(cfg))
         self.k = kernel
 
 
@@ -170,7 +171,7 @@ class FakeOvsMode(FakeAttach, OvsMode):
     kind, step_prefix = "ovs-port", "ovs"
 
     def __init__(self, cfg: Config, kernel: FakeKernel):
-        BridgedMode.__init__(self, cfg)
+        BridgedMode.__init__(self, self.section.from_config(cfg))  # OvsSection
         self.k = kernel
 
 

@@ -64,7 +64,8 @@ def nft_counters(host, family: str) -> dict[str, int]:
 
 # larkd's poller, run in the fake EP's namespace: every job's counters as it reads them between pushes.
 POLL = ("import json,sys\nfrom lark.config import Config\nfrom lark.kernel.firewall.nftables import NftablesFirewall\n"
-        "c=NftablesFirewall(Config(nft_table=sys.argv[1])).read_counters()\n"
+        "from lark.kernel.sections import FirewallSection\n"
+        "c=NftablesFirewall(FirewallSection.from_config(Config(nft_table=sys.argv[1]))).read_counters()\n"
         "print(json.dumps({k: v.bytes_out for k, v in c.items()}))")
 
 

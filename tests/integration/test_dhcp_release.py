@@ -26,6 +26,7 @@ from test_ipv6 import world_v6
 from test_site_dhcpv6 import BRIDGED, RANGE
 
 from lark.kernel import dhcp, dhcp6
+from lark.kernel.sections import Dhcp6Section
 
 # What the job runs: waits for the test's messages (family, address, port, hex payload per line), sends each from
 # an ordinary UDP socket, says how each send went, then keeps running (and using its address) until told to end.
@@ -177,7 +178,7 @@ def test_a_job_cannot_speak_dhcpv6_to_the_site_server(fakehost_factory):
         # The job's dhcpcd renews (SIGUSR1) on the same path, after the job's message: its Renew logged, the
         # server has handled what of the job's reached it.
         renewals = log.read_text().count("DHCPRENEW")
-        os.kill(dhcp6.running_pid(host.cfg, "slot1"), signal.SIGUSR1)
+        os.kill(dhcp6.running_pid(Dhcp6Section.from_config(host.cfg), "slot1"), signal.SIGUSR1)
         deadline = time.time() + 10
         while time.time() < deadline and log.read_text().count("DHCPRENEW") == renewals:
             time.sleep(0.1)

@@ -24,6 +24,7 @@ from test_site_dns import ANSWER, NAME, WORKLOAD, _kill_pidfile, resolv_dir  # n
 from test_site_dns6 import loopback6_site
 
 from lark.kernel import dns, dns6
+from lark.kernel.sections import DnsSection
 
 BLACK_HOLE = "127.0.0.99"  # nothing listens there: the stub's queries for flood.test are never answered
 UPSTREAM = "127.0.0.54"    # the site's nameserver for NAME
@@ -197,8 +198,8 @@ def test_a_job_running_as_nobody_cannot_signal_the_forwarder_or_a_relay(fakehost
         p = host.spawn_job("slot1", ["sleep", "60"], job_ad="ClusterId = 195\nProcId = 0")
         ns = wait_ready(host, "slot1")["netns"]
         assert _resolve(ns, "127.0.0.53").get("address") == ANSWER, host.larkd_log()
-        forwarder = dns.Forwarder(host.cfg).running_pid()
-        relay = dns6.running_pid(host.cfg, os.path.join(host.cfg.netns_dir, ns))
+        forwarder = dns.Forwarder(DnsSection.from_config(host.cfg)).running_pid()
+        relay = dns6.running_pid(DnsSection.from_config(host.cfg), os.path.join(host.cfg.netns_dir, ns))
         assert forwarder and relay, host.larkd_log()
         for pid in (forwarder, relay):
             cp = sh([*NOBODY, "/usr/bin/python3", "-c",

@@ -18,6 +18,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from lark.config import Config
 from lark.kernel import links, mtu, netns, rtnl
 from lark.kernel.attach.nat import NatMode
+from lark.kernel.sections import NatSection
 from lark.names import JobNames
 from lark.plan import JobNetwork, NetworkPlan
 
@@ -141,7 +142,7 @@ def test_a_raw_socket_stands_in_only_for_an_iproute_of_its_own_netns(ns: str, tm
             there.link("set", index=idx, state="up")
             net = JobNetwork(NetworkPlan(job_id="1.0", slot="s", key="s", network_type="nat"))
             net = net.with_addresses(ipv4="10.5.0.9", ipv4_prefix=32, gateway4=str(cfg.gateway))
-            mode = NatMode(cfg)
+            mode = NatMode(NatSection.from_config(cfg))
             mode.attach(there, idx, net, JobNames("s"))
         assert "10.5.0.9 proto static scope link" in sh("ip", "-n", ns, "route", "show", "dev", "a1")
         assert f"{cfg.gateway}/32" in sh("ip", "-n", ns, "addr", "show", "dev", "a1")

@@ -19,6 +19,7 @@ from helpers.waits import wait_for, wait_ready
 from test_ipv6 import WORLD6, job, world_v6
 
 from lark.kernel import dhcp6
+from lark.kernel.sections import Dhcp6Section
 
 RANGE = (ipaddress.IPv6Address("2001:db8:ffff::100"), ipaddress.IPv6Address("2001:db8:ffff::1ff"))
 BRIDGED = dict(bridge_uplink="up0", ovs_bridge_name="lkovs0", bridge_range="198.51.100.100-198.51.100.149",
@@ -83,7 +84,7 @@ def test_job_gets_a_dhcpv6_lease_and_reaches_the_site_with_it(site6):
     # The server's DNS option went nowhere: dhcpcd's hooks never ran.
     assert open("/etc/resolv.conf", "rb").read() == resolv_before
     assert host.wait_clean() == {k: [] for k in host.residue()}
-    assert not os.path.exists(dhcp6.job_dir(host.cfg, "slot1"))
+    assert not os.path.exists(dhcp6.job_dir(Dhcp6Section.from_config(host.cfg), "slot1"))
 
 
 def test_dhcpv6_job_cannot_spoof_renews_and_leaves_no_client(site6):
@@ -95,7 +96,7 @@ def test_dhcpv6_job_cannot_spoof_renews_and_leaves_no_client(site6):
     own, ns = v["plan"]["ipv6"], v["netns"]
     assert in_range(own), v["plan"]
     inode = os.stat(os.path.join(host.cfg.netns_dir, ns)).st_ino
-    assert dhcp6.running_pid(host.cfg, "slot1") in dhcpcd_pids_in(inode)
+    assert dhcp6.running_pid(Dhcp6Section.from_config(host.cfg), "slot1") in dhcpcd_pids_in(inode)
     assert sh(["ip", "netns", "exec", ns, *PROBE, own, WORLD6], check=False).stdout.strip() == "0"
     # Root in the job's netns (what a job never is) takes another address of the range: dropped at the port.
     other = str(RANGE[1] - 1 if ipaddress.IPv6Address(own) != RANGE[1] - 1 else RANGE[1] - 2)
@@ -103,20 +104,21 @@ def test_dhcpv6_job_cannot_spoof_renews_and_leaves_no_client(site6):
     assert sh(["ip", "netns", "exec", ns, *PROBE, other, WORLD6], check=False).stdout.strip() != "0"
     # A renewal (SIGUSR1 to dhcpcd) is answered, and the answer passes the job's inbound filter: dhcpcd rewrites
     # its lease file (whose mtime is when the lease was granted) only on a valid reply.
-    lease = os.path.join(dhcp6.job_dir(host.cfg, "slot1"), "db", "eth0.lease6")
+    lease = os.path.join(dhcp6.job_dir(Dhcp6Section.from_config(host.cfg), "slot1"), "db", "eth0.lease6")
     granted = os.stat(lease).st_mtime_ns
     server_log = host.tmp / "dhcp6-server.log"
     renewals = open(server_log).read().count("DHCPRENEW")
     time.sleep(0.05)
-    os.kill(dhcp6.running_pid(host.cfg, "slot1"), signal.SIGUSR1)
+    os.kill(dhcp6.running_pid(Dhcp6Section.from_config(host.cfg), "slot1"), signal.SIGUSR1)
     wait_for(lambda: os.stat(lease).st_mtime_ns != granted)
     assert open(server_log).read().count("DHCPRENEW") > renewals
-    assert os.stat(lease).st_mtime_ns > granted, open(dhcp6.log_path(host.cfg, "slot1")).read()
+    section = Dhcp6Section.from_config(host.cfg)
+    assert os.stat(lease).st_mtime_ns > granted, open(dhcp6.log_path(section, "slot1")).read()
     assert sh(["ip", "netns", "exec", ns, *PROBE, own, WORLD6], check=False).stdout.strip() == "0"
     host.end_job(p, ns)
     assert host.wait_clean() == {k: [] for k in host.residue()}
     assert wait_for(lambda: dhcpcd_pids_in(inode) == []), dhcpcd_pids_in(inode)
-    assert not os.path.exists(dhcp6.job_dir(host.cfg, "slot1"))
+    assert not os.path.exists(dhcp6.job_dir(Dhcp6Section.from_config(host.cfg), "slot1"))
 
 
 def test_no_dhcpv6_server_means_a_clear_error(fakehost_factory):
@@ -125,4 +127,4 @@ def test_no_dhcpv6_server_means_a_clear_error(fakehost_factory):
     assert cp.returncode != 0
     assert "no DHCPv6 lease" in cp.stderr and "203.0" in cp.stderr, cp.stderr
     assert host.wait_clean() == {k: [] for k in host.residue()}
-    assert not os.path.exists(dhcp6.job_dir(host.cfg, "slot1"))
+    assert not os.path.exists(dhcp6.job_dir(Dhcp6Section.from_config(host.cfg), "slot1"))

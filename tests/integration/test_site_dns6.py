@@ -16,6 +16,7 @@ from helpers.waits import finished, wait_ready
 from test_site_dns import ANSWER, NAME, WORKLOAD, _kill_pidfile, resolv_dir  # noqa: F401 (fixture)
 
 from lark.kernel import dns6
+from lark.kernel.sections import DnsSection
 
 
 def dnsmasq_pids_in(netns_inode: int) -> list[int]:
@@ -62,7 +63,7 @@ def test_job_resolves_through_the_hosts_ipv6_loopback_resolver_and_is_counted(si
     j = wait_ready(host, "slot1")
     ns = os.path.join(host.cfg.netns_dir, j["netns"])
     inode = os.stat(ns).st_ino
-    assert dns6.running_pid(host.cfg, ns) in dnsmasq_pids_in(inode), host.larkd_log()
+    assert dns6.running_pid(DnsSection.from_config(host.cfg), ns) in dnsmasq_pids_in(inode), host.larkd_log()
     as_job = ["ip", "netns", "exec", j["netns"], "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
               "/usr/bin/python3", WORKLOAD, "resolve", NAME, "::1"]
     for proto in ("udp", "tcp"):
@@ -74,7 +75,7 @@ def test_job_resolves_through_the_hosts_ipv6_loopback_resolver_and_is_counted(si
     # Two queries and two answers crossed the job's link (the relay forwards over it) and were counted.
     assert s["bytes_out"] > 2 * (20 + 8 + 17 + len(NAME)) and s["bytes_in"] > 2 * (20 + 8 + 33 + len(NAME)), s
     assert host.wait_clean() == {k: [] for k in host.residue()}
-    assert dnsmasq_pids_in(inode) == [] and not os.path.exists(dns6.relay_dir(host.cfg, ns))
+    assert dnsmasq_pids_in(inode) == [] and not os.path.exists(dns6.relay_dir(DnsSection.from_config(host.cfg), ns))
 
 
 def test_ipv4_and_ipv6_loopback_resolvers_together(fakehost_factory, resolv_dir):

@@ -17,7 +17,7 @@ class FakeMacvlan(FakeAttach, BridgedMode):
     name, kind, step_prefix = "macvlan", "macvlan-port", "macvlan"
 
     def __init__(self, cfg: Config, kernel: FakeKernel, tags_labels: bool):
-        BridgedMode.__init__(self, cfg)
+        BridgedMode.__init__(self, self.section.from_config(cfg))
         self.k = kernel
         self.tags_labels = tags_labels
 
@@ -27,7 +27,7 @@ class RoutedBridge(FakeAttach, NatMode):
     name, kind, step_prefix, makes_shared, filters = "bridge", "route", "mode", False, False
 
     def __init__(self, cfg: Config, kernel: FakeKernel):
-        NatMode.__init__(self, cfg)
+        NatMode.__init__(self, self.section.from_config(cfg))
         self.k = kernel
 
 

@@ -12,6 +12,7 @@ from lark.daemon.engine import Engine, Phase, TeardownErrors
 from lark.daemon.profiles import BRIDGED, NETWORKED, NO_NETWORK, make_profiles
 from lark.daemon.resources import resources
 from lark.kernel.attach.nat import NatMode
+from lark.kernel.sections import NatSection
 
 
 class Fake:
@@ -148,7 +149,7 @@ def test_the_real_teardown_order_keeps_teardowns_dependencies():
 
 def test_profiles_carry_what_the_orchestrator_used_to_branch_on(tmp_path):
     cfg = Config(run_dir=str(tmp_path / "run"), state_dir=str(tmp_path / "state"), subnet="10.77.0.0/29").validate()
-    profiles = make_profiles({"nat": NatMode(cfg)})
+    profiles = make_profiles({"nat": NatMode(NatSection.from_config(cfg))})
     assert set(profiles) == {"nat", "none"}
     nat = profiles["nat"]
     assert not nat.bridged and not nat.counts_by_link and not nat.bridge_table

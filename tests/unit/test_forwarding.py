@@ -4,10 +4,12 @@ import pytest
 from lark.config import Config
 from lark.errors import LarkError
 from lark.kernel import forwarding
+from lark.kernel.sections import ForwardingSection
 
 
 def cfg(tmp_path, **kw):
-    return Config(run_dir=str(tmp_path / "run"), state_dir=str(tmp_path / "state"), **kw).validate()
+    return ForwardingSection.from_config(Config(run_dir=str(tmp_path / "run"), state_dir=str(tmp_path / "state"),
+                                                **kw).validate())
 
 
 def sysctl(tmp_path, value):

@@ -8,6 +8,7 @@ from lark.config import Config
 from lark.controller import labels
 from lark.controller.model import JobReg
 from lark.kernel.attach import ovs
+from lark.kernel.sections import OvsSection
 from lark.names import JobNames
 from lark.plan import Addresses, JobNetwork, NetworkPlan
 
@@ -85,7 +86,8 @@ class FakeIPRoute:
 
 
 def larkd_mode(tmp_path, monkeypatch, dump: str = ""):
-    mode = ovs.OvsMode(Config(run_dir=str(tmp_path), bridge_range="192.0.2.10-192.0.2.20", ovs_uplink=UP))
+    mode = ovs.OvsMode(OvsSection.from_config(Config(run_dir=str(tmp_path), bridge_range="192.0.2.10-192.0.2.20",
+                                                    ovs_uplink=UP)))
     calls: list[tuple[list[str], str | None]] = []
 
     def run_tool(argv, *, input=None, what, check=True, timeout=30):

@@ -9,6 +9,7 @@ from lark.daemon.pins import Pin, PinStore
 from lark.errors import LarkError
 from lark.kernel.firewall import nftcounters
 from lark.kernel.firewall.nftables import NftablesFirewall
+from lark.kernel.sections import FirewallSection
 
 NEWOBJ = (nftcounters.NFNL_SUBSYS_NFTABLES << 8) | nftcounters.NFT_MSG_NEWOBJ
 
@@ -65,7 +66,7 @@ def test_read_counters_sums_lark_tables_per_job_from_one_dump(monkeypatch):
                 (2, "j_s1_in"): (10 ** 9, 1),      # a same-named `ip` table is not Lark's
                 (1, "other_counter"): (5, 5)}      # not a job counter
     monkeypatch.setattr(nftcounters, "dump", fake_dump)
-    fw = NftablesFirewall(Config(nft_table="larkx"))
+    fw = NftablesFirewall(FirewallSection.from_config(Config(nft_table="larkx")))
     got = fw.read_counters()
     assert calls == ["larkx"]
     assert (got["s1"].bytes_in, got["s1"].packets_in, got["s1"].bytes_out, got["s1"].packets_out) == (1050, 11, 370, 6)

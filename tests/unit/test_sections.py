@@ -14,7 +14,8 @@ from lark.kernel.firewall.iptables import IptablesFirewall
 from lark.kernel.firewall.nftables import NftablesFirewall
 
 SECTIONS = [sections.NatSection, sections.BridgedSection, sections.BridgeSection, sections.OvsSection,
-            sections.FirewallSection, sections.DnsSection]
+            sections.FirewallSection, sections.DnsSection, sections.Dhcp6Section, sections.MtuSection,
+            sections.ForwardingSection]
 CONFIG_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 
 
@@ -86,13 +87,16 @@ def test_every_mode_of_make_modes_holds_only_its_section(tmp_path, monkeypatch):
     assert modes["nat"].gateway == "10.213.0.1" and modes["nat"].pool6 is not None
 
 
-def test_modes_built_from_a_config_keep_its_section_and_refuse_another_section(tmp_path):
+def test_modes_take_only_their_section_and_refuse_a_config_or_another_section(tmp_path):
     cfg = Config(run_dir=str(tmp_path), bridge_range="192.0.2.10-192.0.2.20", ovs_db=f"unix:{tmp_path}/none.sock")
     for cls in (NatMode, BridgeMode, OvsMode):
-        mode = cls(cfg)   # tests and fakes still hand a Config
-        assert _holds_no_config(mode) and mode.cfg == cls.section.from_config(cfg), cls.__name__
-        assert cls(mode.cfg).cfg is mode.cfg
-    with pytest.raises(TypeError, match="BridgeSection or a Config expected, not BridgedSection"):
+        section = cls.section.from_config(cfg)
+        mode = cls(section)
+        assert _holds_no_config(mode) and mode.cfg is section, cls.__name__
+        with pytest.raises(TypeError, match=f"{cls.section.__name__} expected, not Config: build the section with "
+                                            f"{cls.section.__name__}.from_config"):
+            cls(cfg)
+    with pytest.raises(TypeError, match="BridgeSection expected, not BridgedSection"):
         BridgeMode(sections.BridgedSection.from_config(cfg))
 
 
@@ -107,11 +111,44 @@ def test_both_firewall_drivers_hold_only_their_section(backend, tmp_path):
         assert _holds_no_config(d), f"{d.name} keeps the whole Config"
         assert d.cfg == sections.FirewallSection.from_config(cfg)
     for cls in (NftablesFirewall, IptablesFirewall):
-        assert _holds_no_config(cls(cfg))
+        assert _holds_no_config(cls(sections.FirewallSection.from_config(cfg)))
+        with pytest.raises(TypeError, match="FirewallSection expected, not Config"):
+            cls(cfg)
 
 
 def test_the_dns_forwarder_holds_only_its_section(tmp_path):
     cfg = Config(run_dir=str(tmp_path), dns_address="169.254.53.54")
-    fwd = dns.Forwarder(cfg)
+    fwd = dns.Forwarder(sections.DnsSection.from_config(cfg))
     assert _holds_no_config(fwd) and fwd.cfg == sections.DnsSection.from_config(cfg)
     assert fwd.pid_file == str(tmp_path / "dns-forwarder.pid")
+    with pytest.raises(TypeError, match="DnsSection expected, not Config"):
+        dns.Forwarder(cfg)
+
+
+def test_the_job_networkers_sections_are_its_configs_and_hold_no_config(tmp_path):
+    cfg = _not_defaults(tmp_path)
+    got = sections.JobSections.from_config(cfg)
+    assert got.dns == sections.DnsSection.from_config(cfg) and got.dhcp6 == sections.Dhcp6Section.from_config(cfg)
+    assert got.mtu == sections.MtuSection.from_config(cfg) and got.mtu.job_mtu == cfg.job_mtu != 0
+    assert _holds_no_config(got)
+    for f in dataclasses.fields(got):
+        assert type(getattr(got, f.name)) in SECTIONS, f"JobSections.{f.name} is no section listed here"
+
+
+def test_no_kernel_function_or_constructor_takes_the_whole_config():
+    """Issue 24: each kernel class and function takes only its section; only the wiring (make_modes,
+    make_firewall, other_firewalls, available_types) and sections.py itself still name Config."""
+    import pathlib
+
+    import lark.kernel
+    wiring = {"attach/__init__.py", "firewall/__init__.py", "sections.py"}
+    root = pathlib.Path(lark.kernel.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel in wiring:
+            continue
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "cfg: Config" in line or "Config |" in line:
+                offenders.append(f"lark/kernel/{rel}:{n}: {line.strip()}")
+    assert not offenders, offenders

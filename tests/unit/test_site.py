@@ -7,6 +7,11 @@ import pytest
 from lark.config import Config
 from lark.errors import LarkError
 from lark.kernel import dns
+from lark.kernel.sections import DnsSection
+
+
+def _dns(**kw) -> DnsSection:
+    return DnsSection.from_config(Config(**kw))
 
 
 def test_loopback_nameservers_are_found_and_others_left_alone(tmp_path):
@@ -27,9 +32,9 @@ def test_no_loopback_nameserver_or_no_file_means_nothing_to_steer(tmp_path):
 def test_forwarder_is_wanted_only_with_loopback_resolvers_and_forwarding_on(tmp_path):
     p = tmp_path / "resolv.conf"
     p.write_text("nameserver 127.0.0.53\n")
-    assert dns.Forwarder(Config(resolv_conf=str(p), run_dir=str(tmp_path))).wanted == ["127.0.0.53"]
-    assert dns.Forwarder(Config(resolv_conf=str(p), run_dir=str(tmp_path), dns_forward=False)).wanted == []
-    assert "dns_forward = false" in dns.forwarder_status(Config(resolv_conf=str(p), dns_forward=False))
+    assert dns.Forwarder(_dns(resolv_conf=str(p), run_dir=str(tmp_path))).wanted == ["127.0.0.53"]
+    assert dns.Forwarder(_dns(resolv_conf=str(p), run_dir=str(tmp_path), dns_forward=False)).wanted == []
+    assert "dns_forward = false" in dns.forwarder_status(_dns(resolv_conf=str(p), dns_forward=False))
 
 
 def test_job_ruleset_steers_only_port_53_of_the_loopback_resolvers():
@@ -39,7 +44,7 @@ def test_job_ruleset_steers_only_port_53_of_the_loopback_resolvers():
 
 
 def test_running_pid_ignores_a_pid_file_of_another_process(tmp_path):
-    fwd = dns.Forwarder(Config(run_dir=str(tmp_path)))
+    fwd = dns.Forwarder(_dns(run_dir=str(tmp_path)))
     assert fwd.running_pid() is None
     (tmp_path / "dns-forwarder.pid").write_text(f"{os.getpid()}\n")  # pytest, not our dnsmasq
     assert fwd.running_pid() is None
@@ -159,7 +164,7 @@ def test_resolver_finding_without_dnsmasq_names_the_package(tmp_path):
 def test_setup_job_without_a_forwarder_logs_and_leaves_the_job_unsteered(tmp_path, monkeypatch, caplog):
     p = tmp_path / "resolv.conf"
     p.write_text("nameserver 127.0.0.53\n")
-    fwd = dns.Forwarder(Config(resolv_conf=str(p), run_dir=str(tmp_path)))
+    fwd = dns.Forwarder(_dns(resolv_conf=str(p), run_dir=str(tmp_path)))
 
     def no_dnsmasq(ipr):
         raise LarkError("dnsmasq is not installed", obj="DNS forwarder (dnsmasq)")
@@ -173,7 +178,7 @@ def test_setup_job_without_a_forwarder_logs_and_leaves_the_job_unsteered(tmp_pat
 def test_setup_job_for_a_bridged_job_without_host_address_on_the_bridge(tmp_path, monkeypatch):
     p = tmp_path / "resolv.conf"
     p.write_text("nameserver 127.0.0.53\n")
-    fwd = dns.Forwarder(Config(resolv_conf=str(p), run_dir=str(tmp_path)))
+    fwd = dns.Forwarder(_dns(resolv_conf=str(p), run_dir=str(tmp_path)))
     monkeypatch.setattr(fwd, "ensure", lambda ipr: None)
     monkeypatch.setattr(dns, "host_address_on", lambda ipr, dev: None)
     steered = []

@@ -12,6 +12,7 @@ from lark.kernel import dhcp6
 from lark.kernel.attach.ovs import auto6_pre_address_flows
 from lark.kernel.firewall import job_netns
 from lark.kernel.firewall.nftables import NftablesFirewall
+from lark.kernel.sections import Dhcp6Section, FirewallSection
 from lark.plan import NetworkPlan
 
 MAC = "02:39:c5:3f:3a:3a"
@@ -38,7 +39,7 @@ def test_ovs_pre_address_flows_let_out_only_what_each_method_needs():
 
 
 def _pre_rules(cfg: Config) -> list[str]:
-    return [json.dumps(r) for r in NftablesFirewall(cfg)._rs_before_address()]
+    return [json.dumps(r) for r in NftablesFirewall(FirewallSection.from_config(cfg))._rs_before_address()]
 
 
 def test_bridge_pre_address_rules_add_dhcpv6_client_messages_only_for_dhcpv6():
@@ -61,7 +62,7 @@ def test_inbound_filter_admits_dhcpv6_replies_only_with_the_client(monkeypatch):
 
 
 def test_client_runs_in_the_jobs_netns_with_its_own_directories(tmp_path):
-    cfg = Config(run_dir=str(tmp_path))
+    cfg = Dhcp6Section.from_config(Config(run_dir=str(tmp_path)))
     argv = dhcp6.client_argv(cfg, "slot1", "/run/netns/lark-slot1", "eth0", 10)
     assert argv[:5] == ["unshare", "--mount", "--propagation", "private", "--"]
     d = dhcp6.job_dir(cfg, "slot1")
@@ -71,7 +72,7 @@ def test_client_runs_in_the_jobs_netns_with_its_own_directories(tmp_path):
 
 
 def test_a_pid_file_naming_another_process_is_not_our_client(tmp_path):
-    cfg = Config(run_dir=str(tmp_path))
+    cfg = Dhcp6Section.from_config(Config(run_dir=str(tmp_path)))
     assert dhcp6.running_pid(cfg, "slot1") is None
     assert dhcp6.stop(cfg, "slot1") is False            # nothing there: safe to repeat
     d = dhcp6._prepare_dir(cfg, "slot1", f"/proc/{os.getpid()}/ns/net")
@@ -87,7 +88,8 @@ def test_missing_dhcpcd_is_a_clear_error(tmp_path, monkeypatch):
     ns = tmp_path / "ns"
     ns.write_text("")
     with pytest.raises(LarkError) as e:
-        dhcp6.acquire(Config(run_dir=str(tmp_path)), "slot1", str(ns), "eth0", None, 2, "7.0", 5)
+        dhcp6.acquire(Dhcp6Section.from_config(Config(run_dir=str(tmp_path))), "slot1", str(ns), "eth0", None, 2,
+                      "7.0", 5)
     assert "job 7.0" in str(e.value) and "dhcpcd-base" in str(e.value)
 
 
@@ -118,10 +120,10 @@ def test_gc_finds_and_stops_daemons_left_in_a_jobs_netns_after_its_name_is_gone(
     # The real client and relay bookkeeping (directories under run_dir) under the fake kernel's orchestration.
     net, _ = fake_networker(str(tmp_path), ops=dict(dhcpv6_keys=dhcp6.job_keys, dhcpv6_stop=dhcp6.stop,
                                                     dns6_relay_keys=dns6.job_keys, stop_dns6_relay=dns6.stop_relay))
-    os.makedirs(os.path.join(dhcp6.job_dir(net.cfg, "slot9"), "run"))
-    os.makedirs(dns6.relay_dir(net.cfg, net.netns_path("slot9")))
-    os.makedirs(dhcp6.job_dir(net.cfg, "slot8"))   # a running job's: kept
+    os.makedirs(os.path.join(dhcp6.job_dir(net.sections.dhcp6, "slot9"), "run"))
+    os.makedirs(dns6.relay_dir(net.sections.dns, net.netns_path("slot9")))
+    os.makedirs(dhcp6.job_dir(net.sections.dhcp6, "slot8"))   # a running job's: kept
     assert sweep(net, keep={"slot8"}, others=[]) == ["slot9: DHCPv6 client, IPv6 DNS relay"]
-    assert not os.path.exists(dhcp6.job_dir(net.cfg, "slot9"))
-    assert not os.path.exists(dns6.relay_dir(net.cfg, net.netns_path("slot9")))
-    assert os.path.exists(dhcp6.job_dir(net.cfg, "slot8"))
+    assert not os.path.exists(dhcp6.job_dir(net.sections.dhcp6, "slot9"))
+    assert not os.path.exists(dns6.relay_dir(net.sections.dns, net.netns_path("slot9")))
+    assert os.path.exists(dhcp6.job_dir(net.sections.dhcp6, "slot8"))

@@ -6,6 +6,7 @@ import os
 from lark.config import Config
 from lark.errors import LarkError
 from lark.kernel import dns, dns6
+from lark.kernel.sections import DnsSection
 
 RESOLV = "nameserver ::1\nnameserver 127.0.0.53\nnameserver 2001:db8::53\nnameserver ::1\nnameserver fe80::1%eth0\n"
 
@@ -13,7 +14,7 @@ RESOLV = "nameserver ::1\nnameserver 127.0.0.53\nnameserver 2001:db8::53\nnamese
 def _forwarder(tmp_path, text: str) -> dns.Forwarder:
     p = tmp_path / "resolv.conf"
     p.write_text(text)
-    return dns.Forwarder(Config(resolv_conf=str(p), run_dir=str(tmp_path)))
+    return dns.Forwarder(DnsSection.from_config(Config(resolv_conf=str(p), run_dir=str(tmp_path))))
 
 
 def test_ipv6_loopback_nameservers_are_found_apart_from_the_ipv4_ones(tmp_path):
@@ -25,7 +26,7 @@ def test_ipv6_loopback_nameservers_are_found_apart_from_the_ipv4_ones(tmp_path):
 
 
 def test_relay_listens_on_the_ipv6_loopback_only_and_forwards_to_the_hosts_forwarder(tmp_path):
-    cfg = Config(run_dir=str(tmp_path), dns_address="169.254.53.53")
+    cfg = DnsSection.from_config(Config(run_dir=str(tmp_path), dns_address="169.254.53.53"))
     argv = dns6.relay_argv(cfg, "/run/netns/lark-slot1", ["::1"])
     assert argv[:3] == ["nsenter", "--net=/run/netns/lark-slot1", "dnsmasq"]
     assert [a for a in argv if a.startswith("--listen-address")] == ["--listen-address=::1"]
@@ -68,7 +69,7 @@ def test_no_ipv4_or_a_failed_relay_leaves_the_job_running_with_a_log_line(tmp_pa
 
 
 def test_stopping_a_relay_that_never_ran_is_safe(tmp_path):
-    cfg = Config(run_dir=str(tmp_path))
+    cfg = DnsSection.from_config(Config(run_dir=str(tmp_path)))
     assert dns6.stop_relay(cfg, "/run/netns/lark-slot1") is False
     d = dns6.relay_dir(cfg, "/run/netns/lark-slot1")
     os.makedirs(d)

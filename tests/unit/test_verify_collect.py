@@ -148,9 +148,11 @@ def test_ovs_port_and_flows_are_read_back(tmp_path, monkeypatch):
 
     from lark.config import Config
     from lark.kernel.attach import ovs
+    from lark.kernel.sections import OvsSection
     from lark.names import JobNames
     from lark.plan import Addresses, JobNetwork
-    mode = ovs.OvsMode(Config(run_dir=str(tmp_path), bridge_range="192.0.2.10-192.0.2.20"))
+    mode = ovs.OvsMode(OvsSection.from_config(Config(run_dir=str(tmp_path),
+                                                    bridge_range="192.0.2.10-192.0.2.20")))
     names = JobNames("slot1")
     job = JobNetwork(NetworkPlan(job_id="9.0", slot="slot1", key="slot1", network_type="ovs_bridge"),
                      Addresses(ipv4="192.0.2.10", ipv4_prefix=24))

@@ -7,7 +7,6 @@ from typing import ClassVar
 
 from pyroute2 import IPRoute
 
-from ...config import Config
 from ...names import JobNames
 from ...plan import JobNetwork
 from ..drift import Finding
@@ -25,8 +24,8 @@ class AttachMode(abc.ABC):
     section: ClassVar[type[Section]] = Section  # the knobs it reads (lark/kernel/sections.py); it keeps only those
     cfg: Section
 
-    def __init__(self, cfg: Config | Section):
-        self.cfg = self.section.of(cfg)
+    def __init__(self, cfg: Section):
+        self.cfg = self.section.expect(cfg)
         self._prepare_lock = threading.Lock()
 
     # IPv6: None when this mode has no IPv6 configured (jobs that want it are then refused).
@@ -97,7 +96,7 @@ class BridgedMode(AttachMode):
     section: ClassVar[type[Section]] = BridgedSection
     cfg: BridgedSection
 
-    def __init__(self, cfg: Config | BridgedSection):
+    def __init__(self, cfg: BridgedSection):
         super().__init__(cfg)
         cfg = self.cfg
         first, last = (x.strip() for x in cfg.bridge_range.split("-"))

@@ -14,7 +14,6 @@ from typing import ClassVar
 
 from pyroute2 import IPRoute
 
-from ...config import Config
 from ...errors import LarkError
 from ...names import JobNames
 from ...plan import JobNetwork
@@ -36,7 +35,7 @@ class BridgeMode(BridgedMode):
     section: ClassVar[type[Section]] = BridgeSection
     cfg: BridgeSection
 
-    def __init__(self, cfg: Config | BridgeSection):
+    def __init__(self, cfg: BridgeSection):
         super().__init__(cfg)
 
     @property

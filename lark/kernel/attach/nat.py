@@ -6,7 +6,6 @@ from typing import ClassVar
 
 from pyroute2 import IPRoute
 
-from ...config import Config
 from ...names import JobNames
 from ...plan import JobNetwork
 from .. import mtu
@@ -25,7 +24,7 @@ class NatMode(AttachMode):
     section: ClassVar[type[Section]] = NatSection
     cfg: NatSection
 
-    def __init__(self, cfg: Config | NatSection):
+    def __init__(self, cfg: NatSection):
         super().__init__(cfg)
         cfg = self.cfg
         self._pool = address_pool(cfg.ipam_dir, cfg.subnet)

@@ -27,7 +27,6 @@ from typing import ClassVar
 from pyroute2 import IPRoute
 
 from ... import labelflows
-from ...config import Config
 from ...errors import LarkError
 from ...names import JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
@@ -138,7 +137,7 @@ class OvsMode(BridgedMode):
     section: ClassVar[type[Section]] = OvsSection
     cfg: OvsSection
 
-    def __init__(self, cfg: Config | OvsSection):
+    def __init__(self, cfg: OvsSection):
         super().__init__(cfg)
         self.db = Ovsdb(self.cfg.ovs_db)
         self._secured: dict[str, tuple] = {}  # key -> the addresses whose allowlist went in with the port

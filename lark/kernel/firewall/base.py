@@ -5,7 +5,6 @@ import abc
 import subprocess
 from dataclasses import dataclass
 
-from ...config import Config
 from ...errors import LarkError
 from ...names import JobNames
 from ...plan import JobNetwork
@@ -31,8 +30,8 @@ SWITCHED = "switched"  # switched by OVS outside netfilter: OpenFlow does the fi
 class Firewall(abc.ABC):
     name = "abstract"
 
-    def __init__(self, cfg: Config | FirewallSection):
-        self.cfg = FirewallSection.of(cfg)  # only the knobs the drivers read (lark/kernel/sections.py)
+    def __init__(self, cfg: FirewallSection):
+        self.cfg = FirewallSection.expect(cfg)  # only the knobs the drivers read (lark/kernel/sections.py)
 
     @abc.abstractmethod
     def ensure_base(self) -> None:

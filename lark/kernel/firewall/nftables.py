@@ -9,7 +9,6 @@ import ipaddress
 import json
 import logging
 
-from ...config import Config
 from ...errors import LarkError
 from ...names import HOST_IF_PREFIX, NFT_JOB_PREFIX, JobNames, key_from_host_if, link_local_of
 from ...plan import JobNetwork
@@ -115,7 +114,7 @@ def _ct_state(*states: str) -> dict:
 class NftablesFirewall(Firewall):
     name = "nftables"
 
-    def __init__(self, cfg: Config | FirewallSection):
+    def __init__(self, cfg: FirewallSection):
         super().__init__(cfg)
         self.table = self.cfg.nft_table
         self.t = {"family": "inet", "table": self.table}
