@@ -75,6 +75,9 @@ bench: deps
 	$(VPY) -m pip install -q '.[bench]'
 	$(VPY) bench/setup_latency.py
 	$(VPY) bench/e2e_latency.py
+	$(VPY) bench/wrapper_compiled.py
+	$(VPY) bench/starter_compiled.py
+	$(VPY) bench/prepare_compiled.py
 	$(VPY) bench/scale128.py
 	flock /tmp/lark-testbed.lock $(VPY) bench/pool_true_jobs.py
 	flock /tmp/lark-testbed.lock $(VPY) bench/barrier.py
