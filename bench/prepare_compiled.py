@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from e2e_latency import REPO  # also puts the repository on sys.path
-from starter_compiled import N, alternate, report, stand_in_larkd  # N: BENCH_N, or 20 with --quick
+from starter_compiled import measure
 
 from lark import hook_launcher, protocol
 
@@ -73,28 +73,12 @@ def one(argv: list[str], env: dict[str, str]) -> tuple[float | None, float, str]
 
 
 def main() -> int:
-    if os.geteuid() != 0:
-        print("prepare_compiled: needs root (the compiled hook runs only setgid, as lark install-hook installs it)")
-        print("skipped=1")
-        return 0
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="lark-bench-prepare-") as d:
         tmp = Path(d)
-        progs = programs(tmp)
-        sock = tmp / "lark.sock"
-        srv, asked = stand_in_larkd(sock, "check", protocol.ok())
-        env = {"PATH": os.environ["PATH"], "LARK_SOCKET": str(sock), "LARK_CONFIG": str(tmp / "no-lark.toml")}
-        try:
-            got, failures = alternate(progs, lambda argv: one(argv, env), N, "PREPARE_JOB hook")
-        finally:
-            srv.shutdown()
-            srv.server_close()
-        fallbacks = len(list((tmp / "fallbacks").iterdir()))
-        runs = 2 * (N + 1)
-    print(f"PREPARE_JOB hook spawn -> exit, {N} alternated pairs (stand-in larkd answering check ok: {asked[0]} "
-          f"questions for {runs} runs)")
-    report(got, "hook", load_before, failures, fallbacks)
-    return 1 if failures or fallbacks or asked[0] != runs else 0
+        env = {"PATH": os.environ["PATH"], "LARK_CONFIG": str(tmp / "no-lark.toml")}
+        return measure(tmp, programs(tmp), "check", env, lambda argv: one(argv, env), "PREPARE_JOB hook",
+                       "PREPARE_JOB hook spawn -> exit", "hook", load_before, protocol.ok())
 
 
 if __name__ == "__main__":

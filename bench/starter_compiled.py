@@ -127,27 +127,36 @@ def report(got: dict[str, dict[str, list[float]]], column: str, load_before: flo
           f"failures={failures} fallbacks={fallbacks}")
 
 
+def measure(tmp: Path, progs: dict[str, Any], op: str, env: dict[str, str],
+            one: Callable[[Any], tuple[float | None, float, str]], what: str, title: str, column: str,
+            load_before: float, answer: bytes | None = None) -> int:
+    """The launcher benches' common run: a stand-in larkd on tmp/lark.sock answering `op` ok (`answer`:
+    stand_in_larkd's default unless given), `progs` alternated (`one` times one run; `env` gets LARK_SOCKET), the
+    title and report printed. Exit status 1 when a run failed, fell back to the Python twin (tmp/fallbacks), or
+    larkd was not asked exactly once per run."""
+    sock = tmp / "lark.sock"
+    srv, asked = stand_in_larkd(sock, op) if answer is None else stand_in_larkd(sock, op, answer)
+    env["LARK_SOCKET"] = str(sock)
+    try:
+        got, failures = alternate(progs, one, N, what)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    fallbacks = len(list((tmp / "fallbacks").iterdir()))
+    runs = 2 * (N + 1)
+    print(f"{title}, {N} alternated pairs (stand-in larkd answering {op} ok: {asked[0]} questions for {runs} runs)")
+    report(got, column, load_before, failures, fallbacks)
+    return 1 if failures or fallbacks or asked[0] != runs else 0
+
+
 def main() -> int:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="lark-bench-starter-") as d:
         tmp = Path(d)
         stamp = build_stamp(tmp)
-        progs = programs(tmp)
-        sock = tmp / "lark.sock"
-        srv, asked = stand_in_larkd(sock)
-        env = {"PATH": os.environ["PATH"], "LARK_SOCKET": str(sock), "LARK_REAL_STARTER": str(stamp),
-               "PYTHONPATH": str(REPO)}
-        try:
-            got, failures = alternate(progs, lambda prog: one(stamp, prog, env), N, "lark-starter")
-        finally:
-            srv.shutdown()
-            srv.server_close()
-        fallbacks = len(list((tmp / "fallbacks").iterdir()))
-        runs = 2 * (N + 1)
-    print(f"lark-starter start -> real starter exec, {N} alternated pairs (stand-in larkd answering sandbox_limit "
-          f"ok: {asked[0]} questions for {runs} runs)")
-    report(got, "starter", load_before, failures, fallbacks)
-    return 1 if failures or fallbacks or asked[0] != runs else 0
+        env = {"PATH": os.environ["PATH"], "LARK_REAL_STARTER": str(stamp), "PYTHONPATH": str(REPO)}
+        return measure(tmp, programs(tmp), "sandbox_limit", env, lambda prog: one(stamp, prog, env),
+                       "lark-starter", "lark-starter start -> real starter exec", "starter", load_before)
 
 
 if __name__ == "__main__":
