@@ -5,21 +5,28 @@ containernetworking-plugins), measured side by side in one run. Sequential, then
 
 Lark path: the test starter (tests/helpers/test_starter.c) clones each job into an empty netns and execs
 `stamp lark-job-wrapper stamp`: the first stamp marks the wrapper's exec, the second the job's program running
-(NAT, static address, limits both ways from the slot's Bandwidth, counters). Teardown: what the starter waits
-for after its job's program ended (larkd tears down after the starter exits, so nothing of Lark's should be in
-it; under load the figure is mostly this harness noticing the exit late) and the time until the job's netns and
-veth are gone from the kernel. Not measured here: the exit barrier (the wrapper's `push` at the job's end, for
-which larkd edits the job's ad at its schedd), which the fake execution point has no schedd for (larkd announces
-no barrier and the wrapper execs the job); bench/pool_true_jobs.py measures it on the pool.
+(NAT, static address, limits both ways from the slot's Bandwidth, counters). The wrapper is the one HTCondor runs
+by default (condor_config.d/50-lark.conf LARK_JOB_WRAPPER): the compiled lark/job/launcher/job_wrapper.c, built
+here as `lark install-hook` builds it (lark/hook_launcher.install_job_wrapper, `build_compiled`), with the Python
+wrapper as its fallback behind a counter (a job that fell back is counted and printed: it did not take the
+compiled path). The goals are computed from it. One extra sequential row, alternated job by job with the compiled
+one and not in the goals, runs the Python wrapper (the pip console script) for comparison, with the share of its
+interpreter's start and imports.
+Teardown: what the starter waits for after its job's program ended (larkd tears down after the starter exits, so
+nothing of Lark's should be in it; under load the figure is mostly this harness noticing the exit late) and the
+time until the job's netns and veth are gone from the kernel. Not measured here: the exit barrier (the wrapper's
+`push` at the job's end, for which larkd edits the job's ad at its schedd), which the fake execution point has no
+schedd for (larkd announces no barrier and the wrapper execs the job); bench/pool_true_jobs.py measures it on the
+pool.
 CNI path: a runtime-like driver takes a timestamp, runs ADD for the chain (each plugin with the previous result),
 then execs `stamp` in the container's netns; DEL runs synchronously (a runtime waits for it).
 
 `--quick`: 10 sequential jobs and one 16-job batch (a smoke run; the full run is what `make bench` does).
-Environment: BENCH_N (sequential jobs, default 50), BENCH_CONCURRENCY (default "16,64,128").
+Environment: BENCH_N (sequential jobs of each wrapper, default 50), BENCH_CONCURRENCY (default "16,64,128").
 
 Prints a table, the issue-27 goals for the fake execution point with met/missed (bench/goals.py), then one line:
 e2e_p50_ms=<x> e2e_p99_ms=<y> cni_p50_ms=<z> speedup=<z/x> c64_p99_ms=<w> c64_failures=<n> setups_per_s=<r>
-goals_met=<m>/<all> [missed=<keys>]
+py_e2e_p50_ms=<the python wrapper's p50> fallbacks=<n> goals_met=<m>/<all> [missed=<keys>]
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ import goals  # noqa: E402 (bench/goals.py)
 QUICK = "--quick" in sys.argv[1:]
 N_SEQ = int(os.environ.get("BENCH_N", "10" if QUICK else "50"))
 CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "16" if QUICK else "16,64,128").split(",") if c]
+PY_FIRST = 500_000  # ClusterIds of the Python wrapper's comparison jobs (the compiled ones' start at 1000)
 CNI_PATH = "/usr/lib/cni"
 LIMIT_MBIT = 100
 
@@ -70,6 +78,34 @@ def write_launcher(dest: Path) -> Path:
     out.write_text(f"#!{JOB_PY}\nimport sys\nfrom lark.job.wrapper import main\nif __name__ == '__main__':\n"
                    "    sys.argv[0] = sys.argv[0].removesuffix('.exe')\n    sys.exit(main())\n")
     out.chmod(0o755)
+    return out
+
+
+def counted_fallback(dest: Path, launcher: Path) -> Path:
+    """The compiled wrapper's fallback here: the Python wrapper, after leaving a file in dest/fallbacks, so that a
+    run can say how many jobs did not take the compiled path (`fallbacks`)."""
+    marks = dest / "fallbacks"
+    marks.mkdir()
+    marks.chmod(0o1777)
+    out = dest / "lark-job-wrapper-counted"
+    out.write_text(f'#!/bin/sh\n: > {marks}/$$\nexec {launcher} "$@"\n')
+    out.chmod(0o755)
+    return out
+
+
+def fallbacks(dest: Path) -> int:
+    """How many jobs the compiled wrapper handed to its fallback (counted_fallback)."""
+    return len(list((dest / "fallbacks").iterdir()))
+
+
+def build_compiled(dest: Path, fallback: Path) -> Path:
+    """The compiled job wrapper as `lark install-hook` builds it (same source, flags and mode, root:root 0755),
+    with `fallback` as the Python wrapper it execs for every case it does not handle."""
+    from lark.hook_launcher import install_job_wrapper
+    out = dest / "lark-job-wrapper-fast"
+    if not install_job_wrapper(out, fallback):
+        raise SystemExit(f"the compiled job wrapper could not be built (its reason is logged above); {out} would "
+                         "be the Python wrapper")
     return out
 
 
@@ -105,14 +141,15 @@ def stamps(stdout: str) -> list[int]:
 
 
 # -- Lark: the real wrapper, socket and larkd on the fake execution point ----------------------------------
-def lark_batch(host, stamp: Path, n: int, first: int) -> dict:
-    """n jobs started at once. Returns ms figures per job: "setup" (wrapper exec -> job's program running),
-    "starter" (job's program ran -> its starter exited: what the starter waits for at the job's end),
-    "gone" (job's program ran -> its netns and host veth are gone); "failures"; "rate" (setups per second)."""
+def lark_batch(host, stamp: Path, wrapper: Path, n: int, first: int) -> dict:
+    """n jobs started at once through `wrapper`. Returns ms figures per job: "setup" (wrapper exec -> job's
+    program running), "starter" (job's program ran -> its starter exited: what the starter waits for at the
+    job's end), "gone" (job's program ran -> its netns and host veth are gone); "failures"; "rate" (setups per
+    second)."""
     slots = [f"b{first + i}" for i in range(n)]
     for i, slot in enumerate(slots):
         host.publish_ad(slot, f"ClusterId = {first + i}\nProcId = 0", f"Bandwidth = {LIMIT_MBIT}")
-    launch = ["env", f"LARK_SOCKET={host.cfg.socket}", f"PYTHONPATH={REPO}", str(stamp.parent / "lark-job-wrapper")]
+    launch = ["env", f"LARK_SOCKET={host.cfg.socket}", f"PYTHONPATH={REPO}", str(wrapper)]
     t_start = time.time_ns()
     procs = [subprocess.Popen(host.in_host([host.starter, "-a", slot, "-u", "65534", "--", str(stamp), *launch,
                                             str(stamp)]),
@@ -260,35 +297,47 @@ def main() -> int:
     tmp.chmod(0o755)  # the job (uid 65534) execs the stamp binary from here
     host = FakeHost(str(tmp / "host"), build_starter(str(tmp)))
     stamp = build_stamp(tmp)
-    write_launcher(tmp)
+    py_wrapper = write_launcher(tmp)
+    wrapper = build_compiled(tmp, counted_fallback(tmp, py_wrapper))
     rows: list[tuple] = []
     leaked: dict = {}
     summary: dict[str, float] = {}
     try:
         host.start()
-        # Sequential: one job at a time, N_SEQ times.
+        # Sequential: one job at a time, N_SEQ times through the compiled wrapper, each alternated with one through
+        # the Python wrapper (the order swapping every pair), so that other load falls on both alike.
         seq: dict[str, list] = {"setup": [], "starter": [], "gone": []}
-        fails = 0
+        py_seq: list[float] = []
+        fails = py_fails = 0
         for i in range(N_SEQ):
-            got = lark_batch(host, stamp, 1, 1000 + i)
-            for k in seq:
-                seq[k] += got[k]
-            fails += got["failures"]
+            for compiled in ((True, False) if i % 2 == 0 else (False, True)):
+                if compiled:
+                    got = lark_batch(host, stamp, wrapper, 1, 1000 + i)
+                    for k in seq:
+                        seq[k] += got[k]
+                    fails += got["failures"]
+                else:
+                    got = lark_batch(host, stamp, py_wrapper, 1, PY_FIRST + i)
+                    py_seq += got["setup"]
+                    py_fails += got["failures"]
         rows.append(("lark, sequential", len(seq["setup"]), fails, seq["setup"]))
         inside = larkd_setup_ms(host, 1000, N_SEQ)
         rows.append(("  of which larkd JobNetworker.setup (its log)", len(inside), 0, inside))
-        starts = wrapper_start_ms(host, stamp, N_SEQ)
-        rows.append(("  of which the wrapper's python start + imports", len(starts), 0, starts))
         rows.append(("lark teardown: the starter waits", len(seq["starter"]), 0, seq["starter"]))
         rows.append(("lark teardown: netns+veth gone after exit", len(seq["gone"]), 0, seq["gone"]))
+        rows.append(("python wrapper, sequential (comparison, no goal)", len(py_seq), py_fails, py_seq))
+        inside = larkd_setup_ms(host, PY_FIRST, N_SEQ)
+        rows.append(("  of which larkd JobNetworker.setup (its log)", len(inside), 0, inside))
+        starts = wrapper_start_ms(host, stamp, N_SEQ)
+        rows.append(("  of which the wrapper's python start + imports", len(starts), 0, starts))
         cni = cni_run(host, stamp, N_SEQ, 1)
         rows.append(("cni chain ADD+exec, sequential", len(cni["setup"]), cni["failures"], cni["setup"]))
         rows.append(("cni chain DEL (the runtime waits)", len(cni["del"]), 0, cni["del"]))
         summary.update(e2e_p50_ms=statistics.median(seq["setup"]), e2e_p99_ms=pct(seq["setup"], 99),
-                       cni_p50_ms=statistics.median(cni["setup"]))
+                       cni_p50_ms=statistics.median(cni["setup"]), py_e2e_p50_ms=statistics.median(py_seq))
         rates = []
         for c in CONCURRENCY:
-            got = lark_batch(host, stamp, c, 2000 + 1000 * c)
+            got = lark_batch(host, stamp, wrapper, c, 2000 + 1000 * c)
             rates.append(got["rate"])
             rows.append((f"lark, {c} concurrent", len(got["setup"]), got["failures"], got["setup"]))
             inside = larkd_setup_ms(host, 2000 + 1000 * c, c)
@@ -304,6 +353,7 @@ def main() -> int:
         summary["setups_per_s"] = max(rates) if rates else 0.0
         # Background teardown must leave nothing: namespaces, veths, firewall objects, address locks, records.
         leaked = {k: v for k, v in host.wait_clean(timeout=30).items() if v}
+        summary["fallbacks"] = fallbacks(tmp)
     finally:
         host.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -314,6 +364,7 @@ def main() -> int:
         else:
             print(f"{name:<52} {n:>4} {fails:>4} {'-':>8} {'-':>8} {'-':>8}")
     print(f"left behind after every job ended: {leaked or 'nothing'}")
+    print(f"compiled wrapper fell back to the python wrapper: {summary['fallbacks']:.0f} jobs")
     speedup = summary["cni_p50_ms"] / summary["e2e_p50_ms"]
     goal_list = issue27_goals(summary, speedup)
     print()
@@ -322,7 +373,8 @@ def main() -> int:
     print(f"e2e_p50_ms={summary['e2e_p50_ms']:.1f} e2e_p99_ms={summary['e2e_p99_ms']:.1f} "
           f"cni_p50_ms={summary['cni_p50_ms']:.1f} speedup={speedup:.2f} "
           f"c64_p99_ms={summary.get('c64_p99_ms', float('nan')):.1f} c64_failures={summary.get('c64_failures', -1)} "
-          f"setups_per_s={summary['setups_per_s']:.0f} {goals.fields(goal_list)}")
+          f"setups_per_s={summary['setups_per_s']:.0f} py_e2e_p50_ms={summary['py_e2e_p50_ms']:.1f} "
+          f"fallbacks={summary['fallbacks']:.0f} {goals.fields(goal_list)}")
     return 0
 
 

@@ -43,23 +43,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # e2e_latency puts the repository and tests/ on sys.path too (helpers.fakehost, lark).
-from e2e_latency import LIMIT_MBIT, REPO, build_stamp, larkd_setup_ms, pct, stamps, write_launcher
+from e2e_latency import (
+    LIMIT_MBIT,
+    REPO,
+    build_compiled,
+    build_stamp,
+    counted_fallback,
+    fallbacks,
+    larkd_setup_ms,
+    pct,
+    stamps,
+    write_launcher,
+)
 
 QUICK = "--quick" in sys.argv[1:]
 N_SEQ = int(os.environ.get("BENCH_N", "10" if QUICK else "50"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "1" if QUICK else "2"))
 BATCH = 16
 N_BARRIER = int(os.environ.get("BENCH_BARRIER_N", "10" if QUICK else "50"))
-SOURCE = REPO / "lark" / "job" / "launcher" / "job_wrapper.c"
 TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
-
-
-def build_compiled(dest: Path, fallback: Path) -> Path:
-    out = dest / "lark-job-wrapper-fast"
-    subprocess.run(["gcc", "-O2", "-Wall", "-Wextra", "-Werror", f"-DLARK_PY_WRAPPER=\"{fallback}\"", "-o", str(out),
-                    str(SOURCE)], check=True)
-    out.chmod(0o755)
-    return out
 
 
 def cpu_ticks(pid: int) -> int:
@@ -104,18 +106,6 @@ def batch(host, stamp: Path, wrapper: Path, first: int, n: int) -> dict:
             failures += 1
             sys.stderr.write(f"job on {slot} through {wrapper.name} failed ({rc}): {text.strip()[-300:]}\n")
     return {"setup": setup, "cpu": cpu, "failures": failures}
-
-
-def counted_fallback(dest: Path, launcher: Path) -> Path:
-    """The compiled path's fallback here: the Python wrapper, after leaving a file in dest/fallbacks, so that the
-    run can say how many jobs did not take the fast path."""
-    marks = dest / "fallbacks"
-    marks.mkdir()
-    marks.chmod(0o1777)
-    out = dest / "lark-job-wrapper-counted"
-    out.write_text(f'#!/bin/sh\n: > {marks}/$$\nexec {launcher} "$@"\n')
-    out.chmod(0o755)
-    return out
 
 
 def stand_in_larkd(path: Path) -> socketserver.UnixStreamServer:
@@ -186,7 +176,7 @@ def main() -> int:
     inside: dict[str, list[float]] = {}
     bar: dict[str, dict[str, list[float]]] = {k: {"setup": [], "barrier": [], "cpu": [], "failures": [0]}
                                               for k in wrappers}
-    fallbacks = 0
+    fell_back = 0
     leaked: dict = {}
     try:
         host.start()
@@ -214,7 +204,7 @@ def main() -> int:
         bar = barrier_runs(tmp, stamp, wrappers)
         for kind in wrappers:
             fails[kind] += int(bar[kind]["failures"][0])
-        fallbacks = len(list((tmp / "fallbacks").iterdir()))
+        fell_back = fallbacks(tmp)
         leaked = {k: v for k, v in host.wait_clean(timeout=30).items() if v}
     finally:
         host.close()
@@ -245,7 +235,7 @@ def main() -> int:
     larkd_cpu = {k: larkd_ticks[k] * TICK_MS / max(1, N_SEQ) for k in wrappers}
     print(f"larkd CPU per sequential job (clock ticks summed): python {larkd_cpu['python']:.1f} ms, "
           f"compiled {larkd_cpu['compiled']:.1f} ms")
-    print(f"compiled path fell back to the python wrapper: {fallbacks} jobs")
+    print(f"compiled path fell back to the python wrapper: {fell_back} jobs")
     print(f"load average before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
           f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} ({os.cpu_count()} cpus)")
     print(f"left behind after every job ended: {leaked or 'nothing'}")
@@ -259,8 +249,8 @@ def main() -> int:
           f"py_barrier_p50_ms={med(bar['python']['barrier']):.1f} "
           f"c_barrier_p50_ms={med(bar['compiled']['barrier']):.1f} "
           f"py_barrier_cpu_ms={med(bar['python']['cpu']):.1f} c_barrier_cpu_ms={med(bar['compiled']['cpu']):.1f} "
-          f"load1={(load_before[0] + load_after[0]) / 2:.2f} fallbacks={fallbacks}")
-    return 0 if not any(fails.values()) and fallbacks == 0 else 1
+          f"load1={(load_before[0] + load_after[0]) / 2:.2f} fallbacks={fell_back}")
+    return 0 if not any(fails.values()) and fell_back == 0 else 1
 
 
 if __name__ == "__main__":
