@@ -11,10 +11,14 @@ import logging
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
+from pyroute2.netlink import NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_NEWQDISC, RTM_NEWTCLASS
+from pyroute2.netlink.rtnl.tcmsg import sched_htb
 
 from ..errors import LarkError
 from .drift import Finding, drifted, present
+from .links import host_rtnl
 
 log = logging.getLogger(__name__)
 
@@ -57,16 +61,32 @@ def limit_for(mbit: float, job: str = "?") -> Limit:
     return Limit(rate_bit=rate_bit, burst=burst_for(rate_bit))
 
 
+# pyroute2's flags for the tc commands used here ("add", "add-class", "change-class"), for the raw socket's requests
+_COMMAND_FLAGS = {"add": NLM_F_CREATE | NLM_F_EXCL, "add-class": NLM_F_CREATE | NLM_F_EXCL,
+                  "change-class": NLM_F_REPLACE}
+
+
 def _htb(ipr: IPRoute, index: int, limit: Limit) -> None:
-    ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, default=CLASS_HANDLE & 0xFFFF)
+    root = {"default": CLASS_HANDLE & 0xFFFF}
+    raw = host_rtnl(ipr)
+    if raw is not None:  # larkd's setup: its raw socket (a pyroute2 tc request costs ~0.8 ms in Python)
+        raw.tc(RTM_NEWQDISC, _COMMAND_FLAGS["add"], index, ROOT_HANDLE, TC_H_ROOT, "htb",
+               sched_htb.get_parameters(root))
+    else:
+        ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, **root)
     _htb_class(ipr, index, limit, "add-class")
 
 
 def _htb_class(ipr: IPRoute, index: int, limit: Limit, command: str) -> None:
     # pyroute2 sends TCA_HTB_RATE64/CEIL64 itself for rates of 2^32 bytes/s (34 Gbit/s) and more.
-    ipr.tc(command, "htb", index=index, handle=CLASS_HANDLE, parent=ROOT_HANDLE,
-           rate=f"{limit.rate_bit}bit", ceil=f"{limit.rate_bit}bit", burst=limit.burst, cburst=limit.burst,
-           quantum=min(max(limit.rate_bit // 8 // 10, 1514), 200_000))
+    params = {"rate": f"{limit.rate_bit}bit", "ceil": f"{limit.rate_bit}bit", "burst": limit.burst,
+              "cburst": limit.burst, "quantum": min(max(limit.rate_bit // 8 // 10, 1514), 200_000)}
+    raw = host_rtnl(ipr)
+    if raw is not None:  # the same options, from the same pyroute2 plugin, on the raw socket
+        raw.tc(RTM_NEWTCLASS, _COMMAND_FLAGS[command], index, CLASS_HANDLE, ROOT_HANDLE, "htb",
+               sched_htb.get_class_parameters(params))
+        return
+    ipr.tc(command, "htb", index=index, handle=CLASS_HANDLE, parent=ROOT_HANDLE, **params)
 
 
 def apply(ipr: IPRoute, host_index: int, nipr: IPRoute, job_index: int, limit: Limit, job: str) -> None:

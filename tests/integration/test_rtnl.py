@@ -287,3 +287,87 @@ def test_the_veth_made_on_the_raw_socket_is_pyroute2s_and_its_indexes_come_from_
     finally:
         for n in names:
             subprocess.run(["ip", "netns", "del", n])
+
+
+SHAPING = r"""
+import json, os, sys
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from lark.errors import LarkError
+from lark.kernel import links, netns, shaping
+
+def fd(name):
+    return os.open(f"/run/netns/{name}", os.O_RDONLY)
+
+h2, j1, j2, step = sys.argv[1:5]
+first, then = shaping.limit_for(100), shaping.limit_for(40_000)  # 40 Gbit/s: the 64-bit rate fields
+out = {}
+with IPRoute() as here:  # the raw path: larkd's host IPRoute and its thread's raw socket; netlink_in's
+    assert links.host_rtnl(here) is not None
+    if step == "make":
+        made = links.create_veth(here, "lk-a", "eth0", fd(j1), "1.0")
+        with netns.netlink_in(fd(j1)) as nipr:
+            idx = links.bring_up_job_side(nipr, "eth0")
+            shaping.apply(here, made.host, nipr, idx, first, "1.0")
+            assert nipr._ipr is None, "the raw path made an IPRoute in the job's netns"
+            try:
+                shaping.apply(here, made.host, nipr, idx, first, "1.0")
+            except LarkError as e:
+                out["raw_again"] = str(e)
+    else:
+        with netns.netlink_in(fd(j1)) as nipr:
+            shaping.change(here, here.link_lookup(ifname="lk-a")[0], nipr, nipr.rtnl.link_index("eth0"), then, "1.0")
+with netns.entered(fd(h2)):
+    there = IPRoute()
+with netns.entered(fd(j2)):
+    job = IPRoute()
+with there, job:  # the pyroute2 path: an IPRoute of another netns each
+    assert links.host_rtnl(there) is None and links.host_rtnl(job) is None
+    if step == "make":
+        links.create_veth(there, "lk-a", "eth0", fd(j2), "1.0")
+        idx = links.bring_up_job_side(job, "eth0")
+        shaping.apply(there, there.link_lookup(ifname="lk-a")[0], job, idx, first, "1.0")
+        try:
+            shaping.apply(there, there.link_lookup(ifname="lk-a")[0], job, idx, first, "1.0")
+        except LarkError as e:
+            out["pyroute2_again"] = str(e)
+    else:
+        shaping.change(there, there.link_lookup(ifname="lk-a")[0], job, job.link_lookup(ifname="eth0")[0], then,
+                       "1.0")
+print(json.dumps(out))
+"""
+
+
+def tc_view(ns: str, dev: str) -> list[str]:
+    """What `tc -s -d` shows of a device's qdiscs, classes and filters, without the traffic counters (indented
+    lines: the devices are up, so each end counts whatever IPv6 sent when, and its tokens refill meanwhile)."""
+    return ["\n".join(ln for ln in sh("ip", "netns", "exec", ns, "tc", "-s", "-d", what, "show", "dev", dev)
+                       .splitlines() if not ln.startswith(" "))
+            for what in ("qdisc", "class", "filter")]
+
+
+def test_the_limits_set_on_the_raw_socket_are_pyroute2s() -> None:
+    """shaping.apply and shaping.change through larkd's raw sockets (host and job netns) leave on both veth ends
+    what they leave through pyroute2's IPRoute, as `tc -s -d` shows it, and fail alike."""
+    names = [f"lark-rtnl-{secrets.token_hex(3)}" for _ in range(4)]  # h1 (where it runs), h2, j1, j2
+    for n in names:
+        sh("ip", "netns", "add", n)
+    try:
+        h1, h2, j1, j2 = names
+        for step in ("make", "change"):
+            cp = subprocess.run(["ip", "netns", "exec", h1, sys.executable, "-c", SHAPING, h2, j1, j2, step],
+                                capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+            assert cp.returncode == 0, cp.stderr
+            out = json.loads(cp.stdout)
+            if step == "make":
+                assert out["raw_again"] == out["pyroute2_again"] and "File exists" in out["raw_again"]
+            raw_host, raw_job = tc_view(h1, "lk-a"), tc_view(j1, "eth0")
+            assert raw_host == tc_view(h2, "lk-a")
+            assert raw_job == tc_view(j2, "eth0")
+            rate = "100Mbit" if step == "make" else "40Gbit"
+            for view in (raw_host, raw_job):
+                assert "qdisc htb 1: root" in view[0] and "default 0x1" in view[0]
+                assert "class htb 1:1 root prio 0 quantum" in view[1] and f"rate {rate} ceil {rate}" in view[1]
+    finally:
+        for n in names:
+            subprocess.run(["ip", "netns", "del", n])
