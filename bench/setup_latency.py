@@ -3,8 +3,9 @@
 Runs inside a private "host" netns (made here, removed at the end). Each job is a process in an empty netns
 (`unshare -n`), as HTCondor's NO_JOB_NETWORKING makes it. Lark: the same JobNetworker code larkd runs
 (netns name + veth + address + NAT + counters). CNI: Debian's containernetworking-plugins, bridge + host-local
-with ipMasq (no bandwidth plugin: no limits are set in this run). Prints a table, the per-mode goals with
-met/missed (bench/goals.py), then one key=value line.
+with ipMasq (no bandwidth plugin: no limits are set in the CNI run). One more Lark row has bench/e2e_latency.py's
+job shape: NAT with a 100 Mbit/s limit each way, as a slot's Bandwidth gives it. Prints a table, the per-mode
+goals with met/missed (bench/goals.py), then one key=value line.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import goals  # noqa: E402 (bench/goals.py)
 
 N_SEQ = int(os.environ.get("BENCH_N", "50"))
 N_CONC = 16
+LIMIT_MBIT = 100  # bench/e2e_latency.py's slots' Bandwidth
 CNI_PATH = "/usr/lib/cni"
 
 
@@ -44,7 +46,8 @@ def wait_unshared(procs):
             time.sleep(0.001)
 
 
-def lark_runner(tmp: str, mode: str = "nat", address_type: str = "static", **extra):
+def lark_runner(tmp: str, mode: str = "nat", address_type: str = "static", limit_mbit: float | None = None,
+                **extra):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from lark.kernel.accounting import Accountant
     from lark.config import Config
@@ -65,7 +68,8 @@ def lark_runner(tmp: str, mode: str = "nat", address_type: str = "static", **ext
 
     def setup(i: int, pid: int) -> float:
         key = f"b{i}"
-        plan = NetworkPlan(job_id=f"{i}.0", slot=key, key=key, network_type=mode, address_type=address_type)
+        plan = NetworkPlan(job_id=f"{i}.0", slot=key, key=key, network_type=mode, address_type=address_type,
+                           rate_limit_mbit=limit_mbit)
         t = time.perf_counter()
         net.setup(plan, os.getpid(), 0, pid, netns.netns_inode_of_pid(pid))
         return (time.perf_counter() - t) * 1000
@@ -96,8 +100,9 @@ def cni_runner(tmp: str):
 
 
 def run_mode(tmp: str, label: str, n: int, mode: str, address_type: str = "static", cold: bool = False,
-             **extra) -> tuple[list[float], list[float]]:
-    setup, teardown, fw, net = lark_runner(f"{tmp}/{label.replace(' ', '_')}", mode, address_type, **extra)
+             limit_mbit: float | None = None, **extra) -> tuple[list[float], list[float]]:
+    setup, teardown, fw, net = lark_runner(f"{tmp}/{label.replace(' ', '_')}", mode, address_type, limit_mbit,
+                                           **extra)
     procs = spawn_jobs(n)
     wait_unshared(procs)
     s_times, t_times = [], []
@@ -163,6 +168,7 @@ def inner() -> None:
     time.sleep(0.5)
     modes = {}
     try:
+        modes[f"nat limited {LIMIT_MBIT} Mbit/s"] = run_mode(tmp, "nat limited", N_SEQ, "nat", limit_mbit=LIMIT_MBIT)
         n = max(N_SEQ // 2, 10)
         modes["bridge static"] = run_mode(tmp, "bridge static", n, "bridge")
         modes["bridge dhcp, cold"] = run_mode(tmp, "bridge dhcp cold", n, "bridge", "dhcp", cold=True)
@@ -199,7 +205,9 @@ def inner() -> None:
     print()
     print(goals.table(mode_goals, "per-mode goals (issues 5, 15); issue 27's are e2e_latency.py's"))
     print()
+    limited = modes[f"nat limited {LIMIT_MBIT} Mbit/s"][0]
     print(f"setup_p50_ms={p50:.1f} setup_p99_ms={pct(s_seq, 99):.1f} teardown_p50_ms={statistics.median(t_seq):.1f} "
+          f"limited_setup_p50_ms={statistics.median(limited):.1f} "
           f"cni_p50_ms={statistics.median(c_seq):.1f} speedup={statistics.median(c_seq) / p50:.2f} "
           + " ".join(f"{g.key}={g.value:.1f}" for g in mode_goals) + f" {goals.fields(mode_goals)}")
     subprocess.run(["rm", "-rf", tmp])
