@@ -120,11 +120,44 @@ def netns_identity(pid: int) -> tuple[int, int]:
         os.close(fd)
 
 
-def _stat_fields(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/stat") as f:
-        data = f.read()
+def _read_proc(path: str) -> bytes:
+    """A /proc file's bytes through os.read: every request reads a dozen of them (peer_of, the starter walk,
+    still_same_process), and a text-mode open() of /proc/<pid>/stat took 36 us where os.open + os.read took 9."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _stat_fields(pid: int) -> list[bytes]:
+    data = _read_proc(f"/proc/{pid}/stat")
     # comm may contain spaces and parentheses; everything after the last ')' is well-formed.
-    return data[data.rindex(")") + 2:].split()
+    return data[data.rindex(b")") + 2:].split()
+
+
+def resolved_path(path: str) -> str:
+    """Where `path` leads, as /proc/<pid>/exe would name that file: the kernel's own path of it (opened O_PATH, its
+    /proc/self/fd link read), the same d_path the exe links are compared against. os.path.realpath resolves it one
+    lstat per component in Python, which cost a third of each request's starter walk; it stays for a path that
+    does not open (a missing starter), where it gives what it always gave."""
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        return os.path.realpath(path)
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+
+
+def parent_and_start(pid: int) -> tuple[int, int]:
+    """(parent pid, start time) from one read of /proc/<pid>/stat: both about the same process."""
+    fields = _stat_fields(pid)
+    return int(fields[1]), int(fields[19])
 
 
 def parent_of(pid: int) -> int:
@@ -136,16 +169,14 @@ def start_time(pid: int) -> int:
 
 
 def real_uid(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Uid:"):
-                return int(line.split()[1])
+    for line in _read_proc(f"/proc/{pid}/status").splitlines():
+        if line.startswith(b"Uid:"):
+            return int(line.split()[1])
     raise LarkError("no Uid line", obj=f"/proc/{pid}/status")
 
 
 def cmdline(pid: int) -> list[str]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    return [a.decode(errors="replace") for a in _read_proc(f"/proc/{pid}/cmdline").split(b"\0") if a]
 
 
 def slot_from_cmdline(argv: list[str]) -> str | None:
@@ -186,21 +217,18 @@ def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> Sta
     all of them are about one process. The caller checks that `pid` itself is still its requester
     (still_same_process) after this returns.
     """
-    wanted = {os.path.realpath(p) for p in starter_paths}
-    cur = pid
+    wanted = {resolved_path(p) for p in starter_paths}
+    # Each process's stat is read once, its parent and its start time together: the parent followed next is the
+    # parent of the process whose start time was checked, not of one that took its pid after a later read.
     try:
-        below = start_time(pid)
+        cur, below = parent_and_start(pid)
     except (FileNotFoundError, ProcessLookupError):
         return None
     for _ in range(max_depth):
-        try:
-            cur = parent_of(cur)
-        except (FileNotFoundError, ProcessLookupError):
-            return None
         if cur <= 1:
             return None
         try:
-            started = start_time(cur)
+            parent, started = parent_and_start(cur)
         except (FileNotFoundError, ProcessLookupError):
             return None   # it exited: its child is being reparented, so this walk says nothing
         if started > below:
@@ -212,6 +240,7 @@ def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> Sta
             exe = os.readlink(f"/proc/{cur}/exe")
             uid = real_uid(cur)
         except (FileNotFoundError, ProcessLookupError, PermissionError):
+            cur = parent
             continue
         if exe in wanted and uid == 0:
             argv = cmdline(cur)
@@ -225,8 +254,9 @@ def find_starter(pid: int, starter_paths: list[str], max_depth: int = 32) -> Sta
             found = StarterInfo(cur, started, slot, exe, argv)
             # HTCondor forks the starter to move files (DaemonCore's Create_Thread), and transfer plugins are
             # that fork's children: the job's starter is the fork's parent, the same program for the same slot.
-            parent = _forked_from(found, wanted)
-            return parent if parent is not None else found
+            forked_from = _forked_from(found, wanted)
+            return forked_from if forked_from is not None else found
+        cur = parent
     return None
 
 

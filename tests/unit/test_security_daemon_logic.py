@@ -3,6 +3,8 @@ import asyncio
 import os
 import struct
 import subprocess
+import sys
+import time
 
 import pytest
 
@@ -465,13 +467,47 @@ def test_starter_found_up_the_tree_is_pinned_against_pid_reuse(starter_tree, mon
     got = peercred.find_starter(job_pid, [path])
     assert got is not None and got.pid == starter_pid and got.start == peercred.start_time(starter_pid)
     real = peercred.start_time
-    # The starter's pid now names a process younger than the job: the starter died and its pid was reused.
-    monkeypatch.setattr(peercred, "start_time",
-                        lambda pid: real(job_pid) + 1 if pid == starter_pid else real(pid))
+    real_ps = peercred.parent_and_start
+    # The starter's pid now names a process younger than the job: the starter died and its pid was reused. The
+    # walk reads each process's parent and start time together (parent_and_start).
+    monkeypatch.setattr(peercred, "parent_and_start",
+                        lambda pid: (real_ps(pid)[0], real(job_pid) + 1) if pid == starter_pid else real_ps(pid))
     with pytest.raises(LarkError, match="pid reuse"):
         peercred.find_starter(job_pid, [path])
-    # The pid is reused while its exe, uid and command line are read: the second reading differs.
-    reads = iter([real(starter_pid), real(starter_pid) + 7])
-    monkeypatch.setattr(peercred, "start_time", lambda pid: next(reads) if pid == starter_pid else real(pid))
+    monkeypatch.setattr(peercred, "parent_and_start", real_ps)
+    # The pid is reused while its exe, uid and command line are read: the second reading (alive) differs.
+    monkeypatch.setattr(peercred, "start_time", lambda pid: real(pid) + 7 if pid == starter_pid else real(pid))
     with pytest.raises(LarkError, match="starter exited while it was read"):
         peercred.find_starter(job_pid, [path])
+
+
+def test_proc_files_are_read_whole_past_one_read():
+    """peercred reads /proc with os.read in 4 KiB steps: a command line longer than that comes back whole."""
+    long_arg = "x" * 10_000
+    argv = [sys.executable, "-c", "import time; time.sleep(30)", long_arg]  # the argument ignored, not refused
+    child = subprocess.Popen(argv)
+    try:
+        for _ in range(500):  # until its exec is visible (the command line is empty before)
+            if peercred.cmdline(child.pid):
+                break
+            time.sleep(0.01)
+        assert peercred.cmdline(child.pid) == argv
+        assert peercred.parent_and_start(child.pid) == (os.getpid(), peercred.start_time(child.pid))
+        assert peercred.real_uid(child.pid) == os.getuid()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_resolved_path_names_the_file_as_realpath_does(tmp_path):
+    """The starter paths are resolved by the kernel (O_PATH, /proc/self/fd): through links to files and to
+    directories, the same path os.path.realpath gives; a missing path falls back to realpath itself."""
+    real_dir = tmp_path / "real"
+    real_dir.mkdir()
+    target = real_dir / "condor_starter"
+    target.write_text("")
+    (tmp_path / "dir_link").symlink_to(real_dir)
+    (tmp_path / "file_link").symlink_to(tmp_path / "dir_link" / "condor_starter")
+    for path in (target, tmp_path / "dir_link" / "condor_starter", tmp_path / "file_link",
+                 tmp_path / "missing" / "condor_starter", real_dir / ".." / "real" / "condor_starter"):
+        assert peercred.resolved_path(str(path)) == os.path.realpath(path)
