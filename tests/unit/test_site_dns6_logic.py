@@ -2,19 +2,24 @@
 setup does when the job has no IPv4 or the relay cannot start."""
 import dataclasses
 import os
+import pwd
 
 from lark.config import Config
 from lark.errors import LarkError
 from lark.kernel import dns, dns6
 from lark.kernel.sections import DnsSection
 
+# dns_user for these tests: the user running them, who exists on every host (the default, lark-dns, exists only
+# where Lark was installed, and a unit test must not depend on an install or an earlier test having made it).
+EXISTING_USER = pwd.getpwuid(os.getuid()).pw_name
 RESOLV = "nameserver ::1\nnameserver 127.0.0.53\nnameserver 2001:db8::53\nnameserver ::1\nnameserver fe80::1%eth0\n"
 
 
 def _forwarder(tmp_path, text: str) -> dns.Forwarder:
     p = tmp_path / "resolv.conf"
     p.write_text(text)
-    return dns.Forwarder(DnsSection.from_config(Config(resolv_conf=str(p), run_dir=str(tmp_path))))
+    return dns.Forwarder(DnsSection.from_config(Config(resolv_conf=str(p), run_dir=str(tmp_path),
+                                                       dns_user=EXISTING_USER)))
 
 
 def test_ipv6_loopback_nameservers_are_found_apart_from_the_ipv4_ones(tmp_path):
@@ -26,13 +31,14 @@ def test_ipv6_loopback_nameservers_are_found_apart_from_the_ipv4_ones(tmp_path):
 
 
 def test_relay_listens_on_the_ipv6_loopback_only_and_forwards_to_the_hosts_forwarder(tmp_path):
-    cfg = DnsSection.from_config(Config(run_dir=str(tmp_path), dns_address="169.254.53.53"))
+    cfg = DnsSection.from_config(Config(run_dir=str(tmp_path), dns_address="169.254.53.53", dns_user=EXISTING_USER))
     argv = dns6.relay_argv(cfg, "/run/netns/lark-slot1", ["::1"])
     assert argv[:3] == ["nsenter", "--net=/run/netns/lark-slot1", "dnsmasq"]
     assert [a for a in argv if a.startswith("--listen-address")] == ["--listen-address=::1"]
     assert "--bind-interfaces" in argv and "--no-resolv" in argv and "--server=169.254.53.53" in argv
     assert not any(a.startswith("--interface") for a in argv)  # that would add lo's 127.0.0.1 too
     assert f"--pid-file={dns6.relay_dir(cfg, '/run/netns/lark-slot1')}/dnsmasq.pid" in argv
+    assert f"--user={EXISTING_USER}" in argv  # the relay drops root for dns_user
 
 
 def test_host_forwarder_does_not_listen_on_loopback(tmp_path):
