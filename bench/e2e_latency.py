@@ -3,15 +3,16 @@ networked namespace, through the real socket and a real larkd on the fake execut
 the CNI chain a container runtime would run (bridge + host-local + bandwidth + firewall, Debian's
 containernetworking-plugins), measured side by side in one run. Sequential, then 16, 64 and 128 at once.
 
-Lark path: the test starter (tests/helpers/test_starter.c) clones each job into an empty netns and execs
-`stamp lark-job-wrapper stamp`: the first stamp marks the wrapper's exec, the second the job's program running
-(NAT, static address, limits both ways from the slot's Bandwidth, counters). The wrapper is the one HTCondor runs
-by default (condor_config.d/50-lark.conf LARK_JOB_WRAPPER): the compiled lark/job/launcher/job_wrapper.c, built
-here as `lark install-hook` builds it (lark/hook_launcher.install_job_wrapper, `build_compiled`), with the Python
-wrapper as its fallback behind a counter (a job that fell back is counted and printed: it did not take the
-compiled path). The goals are computed from it. One extra sequential row, alternated job by job with the compiled
-one and not in the goals, runs the Python wrapper (the pip console script) for comparison, with the share of its
-interpreter's start and imports.
+Lark path: the test starter (tests/helpers/test_starter.c) clones each job into an empty netns and execs `stamp
+lark-job-wrapper stamp`, with LARK_SOCKET in the environment the starter passes on (no `env` exec in between, which
+HTCondor does not have either): the first stamp marks the wrapper's exec, the second the job's program running (NAT,
+static address, limits both ways from the slot's Bandwidth, counters). The wrapper is the one HTCondor runs by
+default (condor_config.d/50-lark.conf LARK_JOB_WRAPPER): the compiled lark/job/launcher/job_wrapper.c, built here as
+`lark install-hook` builds it (lark/hook_launcher.install_job_wrapper, `build_compiled`), with the Python wrapper as
+its fallback behind a counter (a job that fell back is counted and printed: it did not take the compiled path). The
+goals are computed from it. One extra sequential row, alternated job by job with the compiled one and not in the
+goals, runs the Python wrapper (the pip console script) for comparison, with the share of its interpreter's start
+and imports.
 Teardown: what the starter waits for after its job's program ended (larkd tears down after the starter exits, so
 nothing of Lark's should be in it; under load the figure is mostly this harness noticing the exit late) and the
 time until the job's netns and veth are gone from the kernel. Not measured here: the exit barrier (the wrapper's
@@ -109,16 +110,19 @@ def build_compiled(dest: Path, fallback: Path) -> Path:
     return out
 
 
-def larkd_setup_ms(host, first: int, n: int) -> list[float]:
-    """larkd's time in JobNetworker.setup for these jobs (its log line per job, from the hop to the worker thread),
-    to tell it apart from the wrapper's start in the end-to-end figure."""
-    want = {f"{first + i}.0" for i in range(n)}
-    got = []
+def larkd_setup_by_job(host, first: int, n: int) -> dict[int, float]:
+    """ClusterId -> larkd's time in JobNetworker.setup for jobs first..first+n-1 (its log line per job, from the hop
+    to the worker thread), to tell it apart from the rest of the end-to-end figure."""
+    got = {}
     for line in (host.tmp / "larkd.log").read_text().splitlines():
-        m = re.search(r"networked job (\S+) on \S+: .* in ([0-9.]+) ms$", line)
-        if m and m.group(1) in want:
-            got.append(float(m.group(2)))
+        m = re.search(r"networked job (\d+)\.0 on \S+: .* in ([0-9.]+) ms$", line)
+        if m and first <= int(m.group(1)) < first + n:
+            got[int(m.group(1))] = float(m.group(2))
     return got
+
+
+def larkd_setup_ms(host, first: int, n: int) -> list[float]:
+    return list(larkd_setup_by_job(host, first, n).values())
 
 
 def wrapper_start_ms(host, stamp: Path, n: int) -> list[float]:
@@ -149,11 +153,14 @@ def lark_batch(host, stamp: Path, wrapper: Path, n: int, first: int) -> dict:
     slots = [f"b{first + i}" for i in range(n)]
     for i, slot in enumerate(slots):
         host.publish_ad(slot, f"ClusterId = {first + i}\nProcId = 0", f"Bandwidth = {LIMIT_MBIT}")
-    launch = ["env", f"LARK_SOCKET={host.cfg.socket}", f"PYTHONPATH={REPO}", str(wrapper)]
+    # The job's environment comes through the starter, as HTCondor gives the job its own: the first stamp execs the
+    # wrapper itself (an `env` exec in between added ~0.8 ms to every figure, which no job has).
+    job_env = {**os.environ, "LARK_SOCKET": host.cfg.socket, "PYTHONPATH": str(REPO)}
     t_start = time.time_ns()
-    procs = [subprocess.Popen(host.in_host([host.starter, "-a", slot, "-u", "65534", "--", str(stamp), *launch,
+    procs = [subprocess.Popen(host.in_host([host.starter, "-a", slot, "-u", "65534", "--", str(stamp), str(wrapper),
                                             str(stamp)]),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for slot in slots]
+                              env=job_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for slot in slots]
     # One thread per starter notices its exit as it happens (a serial wait would see later exits late).
     def wait(p: subprocess.Popen) -> tuple[str, str, int, int]:
         out, err = p.communicate(timeout=300)
@@ -308,11 +315,14 @@ def main() -> int:
         # the Python wrapper (the order swapping every pair), so that other load falls on both alike.
         seq: dict[str, list] = {"setup": [], "starter": [], "gone": []}
         py_seq: list[float] = []
+        e2e_by_job: dict[int, float] = {}
         fails = py_fails = 0
         for i in range(N_SEQ):
             for compiled in ((True, False) if i % 2 == 0 else (False, True)):
                 if compiled:
                     got = lark_batch(host, stamp, wrapper, 1, 1000 + i)
+                    if got["setup"]:
+                        e2e_by_job[1000 + i] = got["setup"][0]
                     for k in seq:
                         seq[k] += got[k]
                     fails += got["failures"]
@@ -321,8 +331,13 @@ def main() -> int:
                     py_seq += got["setup"]
                     py_fails += got["failures"]
         rows.append(("lark, sequential", len(seq["setup"]), fails, seq["setup"]))
-        inside = larkd_setup_ms(host, 1000, N_SEQ)
+        inside_by_job = larkd_setup_by_job(host, 1000, N_SEQ)
+        inside = list(inside_by_job.values())
         rows.append(("  of which larkd JobNetworker.setup (its log)", len(inside), 0, inside))
+        # Per job, what is not larkd's setup: the wrapper's start and connect, larkd's accept, peer checks, plan and
+        # pin, the hops to and from its setup thread, the answer, the wrapper's exec of the program.
+        outside = [e2e_by_job[j] - inside_by_job[j] for j in e2e_by_job if j in inside_by_job]
+        rows.append(("  the rest, per job (e2e - its JobNetworker.setup)", len(outside), 0, outside))
         rows.append(("lark teardown: the starter waits", len(seq["starter"]), 0, seq["starter"]))
         rows.append(("lark teardown: netns+veth gone after exit", len(seq["gone"]), 0, seq["gone"]))
         rows.append(("python wrapper, sequential (comparison, no goal)", len(py_seq), py_fails, py_seq))
