@@ -19,12 +19,27 @@ from .errors import LarkError
 TEMP_MARK = ".tmp."   # <name>.tmp.<pid>.<thread>: unique per writer, and the pid says whether it still runs
 
 
+# How larkd's state files are encoded: one encoder for all (json.dumps with options builds a new one per call).
+# sort_keys: the same object always gives the same text (records compare it); default: dataclasses as dicts.
+STATE_JSON = json.JSONEncoder(sort_keys=True, default=asdict)
+
+# No fsync, of the file or its directory: records and pins live in run_dir, a tmpfs whose contents, like the kernel
+# objects they describe, do not survive a host crash, so there is nothing to make durable; the rename alone keeps a
+# reader (and a restart after larkd is killed) from ever seeing a half-written file.
+_TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def atomic_write(path: str, data: str) -> None:
     tmp = f"{path}{TEMP_MARK}{os.getpid()}.{threading.get_ident()}"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # a leftover of a writer that died with this pid and thread id
     # O_EXCL|O_NOFOLLOW: never write through a link someone planted at the temp name; 0600: state is root's.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(tmp, _TEMP_FLAGS, 0o600)
+    except FileExistsError:
+        # A leftover of a writer that died with this pid and thread id (or a planted name): removed, then made
+        # anew with the same flags. Unlinked only when it is there, so a write costs no unlink in the usual case.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, _TEMP_FLAGS, 0o600)
     try:
         view = memoryview(data.encode())
         while view:
@@ -108,7 +123,7 @@ class LiveFiles:
             if view is not None and self._written.get(key) == view:
                 return False
             # vars, not asdict: the same text for these flat dataclasses without asdict's deep copy (0.06 ms a save)
-            atomic_write(self.path(key), json.dumps(vars(obj), sort_keys=True, default=asdict))
+            atomic_write(self.path(key), STATE_JSON.encode(vars(obj)))
             if view is None:
                 self._written.pop(key, None)
             else:

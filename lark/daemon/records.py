@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, NoReturn
 
-from ..statefiles import LiveFiles, atomic_write, private_dir, read_own
+from ..statefiles import STATE_JSON, LiveFiles, atomic_write, private_dir, read_own
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def crash_view(rec: JobRecord) -> str | None:
         return None
     d = {k: v for k, v in vars(rec).items() if k not in NOT_READ_AFTER_CRASH}
     d["plan"] = {k: v for k, v in rec.plan.items() if k not in FOUND_BY_KEY}
-    return json.dumps(d, sort_keys=True)
+    return STATE_JSON.encode(d)
 
 
 class RecordStore(LiveFiles):
