@@ -304,7 +304,10 @@ class Larkd:
                 return
             admitted.append(bucket)
             try:
-                line = await asyncio.wait_for(reader.readline(), self.cfg.request_timeout)
+                # asyncio.timeout, not wait_for: 3.11's wait_for wraps the read in a Task of its own, one more loop
+                # pass per request (36 us against 6-11 us when the line is already there, as it is for a wrapper)
+                async with asyncio.timeout(self.cfg.request_timeout):
+                    line = await reader.readline()
             except TimeoutError:
                 writer.write(protocol.error(f"request not received within {self.cfg.request_timeout} s"))
                 return
@@ -337,7 +340,8 @@ class Larkd:
             for bucket in admitted:
                 self.admission.release(bucket)
             try:
-                await asyncio.wait_for(writer.drain(), 2)
+                async with asyncio.timeout(2):
+                    await writer.drain()
                 writer.close()
             except (TimeoutError, ConnectionError, OSError):
                 writer.transport.abort()
