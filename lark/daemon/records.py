@@ -168,6 +168,12 @@ class FinishedStore:
         self.keep = keep
         # Who moved how much, when, from which address: for root (`lark report`) only.
         private_dir(self.dir)
+        # Files in the directory as of the last listing plus those saved since (None: not listed yet). The writers
+        # (larkd, and `lark gc` only while it holds larkd's lock) each count their own, so the directory is listed
+        # only when the count passes `keep` by 1%, not at every job's end: listing and sorting 10000 names took
+        # ~13 ms, and a full directory (the steady state) would be listed at every save. It then holds up to
+        # keep + keep // 100 records between prunes (exactly `keep` below 100).
+        self._count: int | None = None
 
     def finish(self, key: str, usage: dict, reason: str, rec: JobRecord | None = None, *, job_id: str = "",
                started: float | None = None) -> dict:
@@ -188,15 +194,20 @@ class FinishedStore:
 
     def save(self, key: str, summary: dict) -> str:
         name = f"{int(summary.get('ended', time.time()) * 1000)}-{key}.json"
-        atomic_write(os.path.join(self.dir, name), json.dumps(summary, sort_keys=True))
-        self._prune()
+        atomic_write(os.path.join(self.dir, name), STATE_JSON.encode(summary))
+        if self._count is not None:
+            self._count += 1
+        if self._count is None or self._count > self.keep + self.keep // 100:  # a lowered keep: at the next save
+            self._prune()
         return name
 
     def _prune(self) -> None:
         names = sorted(n for n in os.listdir(self.dir) if n.endswith(".json"))
-        for n in names[: max(0, len(names) - self.keep)]:
+        excess = max(0, len(names) - self.keep)
+        for n in names[:excess]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(os.path.join(self.dir, n))
+        self._count = len(names) - excess
 
     def all(self) -> list[dict]:
         out = []

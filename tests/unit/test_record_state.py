@@ -175,3 +175,43 @@ def test_both_ends_of_a_job_write_its_finished_record_through_finish(tmp_path, m
     assert d.finished.all() == [json.loads(json.dumps(summary))]
     assert set(summary) >= (COMMON if released_before else WITH_NETWORK)
     assert (summary["job_id"], summary["key"], summary["reason"]) == ("1.0", "slot1", "starter exited")
+
+
+def test_finished_records_are_pruned_to_keep_without_listing_at_every_save(tmp_path, monkeypatch) -> None:
+    """The directory is listed at the first save and then only when the saves since pass `keep` (listing 10000
+    names at every job's end cost ~13 ms); what is kept is still the newest `keep`, and a lowered keep (a reload)
+    prunes at the next save."""
+    for i in range(4):  # a former larkd's records
+        (tmp_path / f"{1000 + i}-old{i}.json").write_text(json.dumps({"n": -1}))
+    fin = FinishedStore(str(tmp_path), keep=5)
+    listings = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda d: listings.append(d) or real_listdir(d))
+    t0 = 1_700_000_000.0   # names sort by their end in ms, as epoch milliseconds do (13 digits)
+    fin.save("a", {"ended": t0 + 2, "n": 0})
+    assert len(listings) == 1 and len(real_listdir(tmp_path)) == 5
+    fin.save("b", {"ended": t0 + 3, "n": 1})
+    assert len(listings) == 2 and sorted(real_listdir(tmp_path))[0] == "1001-old1.json"
+    for n in range(2, 6):
+        fin.save(f"k{n}", {"ended": t0 + 4 + n, "n": n})
+    assert len(real_listdir(tmp_path)) == 5
+    assert sorted(f["n"] for f in fin.all()) == [1, 2, 3, 4, 5]
+    listed = len(listings)
+    fin.keep = 2
+    fin.save("z", {"ended": t0 + 100, "n": 6})
+    assert len(listings) == listed + 1
+    assert sorted(f["n"] for f in fin.all()) == [5, 6]
+
+
+def test_a_full_finished_directory_is_listed_once_per_keep_hundredth_of_saves(tmp_path, monkeypatch) -> None:
+    """At the steady state (the directory full), a save lists it only when keep // 100 more have come since."""
+    fin = FinishedStore(str(tmp_path), keep=200)
+    listings = []
+    real_listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda d: listings.append(d) or real_listdir(d))
+    t0 = 1_700_000_000.0
+    for n in range(206):
+        fin.save(f"k{n}", {"ended": t0 + n, "n": n})
+    assert len(listings) == 1 + 2   # the first save, then past 202 saves and again past 204 (200 left each time)
+    assert len(real_listdir(tmp_path)) <= 202
+    assert min(f["n"] for f in fin.all()) >= 206 - 202
