@@ -51,12 +51,12 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 import goals  # noqa: E402 (bench/goals.py)
+import runfs  # noqa: E402 (bench/runfs.py)
 
 QUICK = "--quick" in sys.argv[1:]
 N_SEQ = int(os.environ.get("BENCH_N", "10" if QUICK else "50"))
 CONCURRENCY = [int(c) for c in os.environ.get("BENCH_CONCURRENCY", "16" if QUICK else "16,64,128").split(",") if c]
 PY_FIRST = 500_000  # ClusterIds of the Python wrapper's comparison jobs (the compiled ones' start at 1000)
-RUN_FS = "/dev/shm"  # a tmpfs for the fake execution point's state, as /run is on a real one
 CNI_PATH = "/usr/lib/cni"
 LIMIT_MBIT = 100
 
@@ -307,7 +307,7 @@ def main() -> int:
     tmp.chmod(0o755)  # the job (uid 65534) execs the stamp binary from here
     # larkd's run_dir (records, pins, address locks) is tmpfs on an execution point (/run/lark, docs/admin.md); under
     # /tmp here it was ext4, where replacing a state file took ~2 ms instead of ~0.06 ms.
-    host_dir = Path(tempfile.mkdtemp(prefix="lark-bench-e2e-host-", dir=RUN_FS if os.path.isdir(RUN_FS) else None))
+    host_dir = Path(runfs.tmpfs_dir("lark-bench-e2e-host-"))
     host_dir.chmod(0o755)  # the job reaches larkd's socket below it
     host = FakeHost(str(host_dir), build_starter(str(tmp)))
     stamp = build_stamp(tmp)

@@ -17,12 +17,12 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import goals  # noqa: E402 (bench/goals.py)
+import runfs  # noqa: E402 (bench/runfs.py)
 
 N_SEQ = int(os.environ.get("BENCH_N", "50"))
 N_CONC = 16
@@ -121,7 +121,7 @@ def run_mode(tmp: str, label: str, n: int, mode: str, address_type: str = "stati
 
 
 def inner() -> None:
-    tmp = tempfile.mkdtemp(prefix="lark-bench-")
+    tmp = runfs.tmpfs_dir("lark-bench-")  # larkd's run_dir on tmpfs, as on an EP (bench/runfs.py)
     setup, teardown, fw, _ = lark_runner(tmp)
     cni_add, cni_del = cni_runner(tmp)
     rows = []

@@ -18,10 +18,11 @@ import secrets
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import runfs  # bench/runfs.py (this script's directory is on sys.path)
 
 N = int(os.environ.get("BENCH_N", "40"))
 WARMUP = 5
@@ -95,7 +96,7 @@ def inner(repo: str, limit_mbit: float) -> None:
     from lark.plan import NetworkPlan
 
     st.wrap(ipam.LockPool, "reserve", "ipam reserve (address)")
-    tmp = tempfile.mkdtemp(prefix="lark-profile-")
+    tmp = runfs.tmpfs_dir("lark-profile-")  # larkd's run_dir on tmpfs, as on an EP (bench/runfs.py)
     cfg = Config(run_dir=f"{tmp}/run", state_dir=f"{tmp}/state", netns_prefix=f"lark-p{secrets.token_hex(2)}-",
                  uplink="up0", subnet="10.214.0.0/22").validate()
     fw = make_firewall(cfg)
