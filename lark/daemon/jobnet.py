@@ -22,6 +22,7 @@ from ..kernel.dhcp import Lease
 from ..kernel.fairshare import link_jobs, shares
 from ..kernel.firewall.base import Firewall
 from ..kernel.ipam import port_pool
+from ..kernel.netlink_orphans import drop_orphan_replies
 from ..kernel.ops import REAL, KernelOps
 from ..kernel.sections import JobSections
 from ..names import JobNames, host_mac_seed, set_process_mac_seed
@@ -230,6 +231,10 @@ class JobNetworker:
         ipr = getattr(self._local, "ipr", None)
         if ipr is None:
             ipr = self._local.ipr = self.kernel.host_netlink()
+        else:
+            # pyroute2 0.9.7 leaves each single-object get's ACK queued for nobody; unbounded, ~30 MB of larkd's
+            # RSS after 128 jobs (lark/kernel/netlink_orphans.py)
+            drop_orphan_replies(ipr)
         return ipr
 
     def teardown(self, key: str, reason: str, carried: dict | None = None, final: bool = True) -> dict | None:

@@ -1,4 +1,4 @@
-"""lark.netlink_orphans: the ACKs pyroute2 0.9 leaves in a long-lived IPRoute's catch-all queue are dropped.
+"""lark.kernel.netlink_orphans: the ACKs pyroute2 0.9 leaves in a long-lived IPRoute's catch-all queue are dropped.
 
 Each orphan pins a page of a malloc arena in larkd (bench/scale128.py: ~30 MB after 128 job setups through the
 per-worker host IPRoutes), so the queue must end empty, and the IPRoute must keep answering afterwards.
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pyroute2 import IPRoute
 
-from lark.netlink_orphans import drop_orphan_replies
+from lark.kernel.netlink_orphans import drop_orphan_replies
 
 LOOKUPS = 20
 
