@@ -31,7 +31,7 @@ from . import docker_setup, peercred, ssh_session, transfer_plugin
 from .admission import Admission, LogLimit, RateLimit
 from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
 from .jobnet import TRANSFER_NETNS, JobNetworker
-from .metrics import Metrics, machine_mbit, node_totals
+from .metrics import machine_mbit, make_metrics, node_totals
 from .pins import Pin, PinStore, merge_usage
 from .records import FinishedStore, JobRecord, RecordStore
 from .reload import reload
@@ -89,7 +89,8 @@ class Larkd:
         self.log_limit = LogLimit()
         # (starter pid, start) -> the job's identity from its claim (policy/startd.py): where its figures go
         self.identities: dict[tuple[int, int], JobIdentity] = {}
-        self.metrics = Metrics(self.records, self.acct, self.net.pools)   # pools are fixed at start
+        # pools are fixed at start
+        self.metrics = make_metrics(cfg.metrics_address, self.records, self.acct, self.net.pools)
         self.uplink_mbit: float | None = None
         self.sandbox = SandboxService(cfg, self.netns_inode, lambda: self.ads, self.pool, self.spawn)
 
@@ -199,7 +200,7 @@ class Larkd:
         try:
             summary = await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason,
                                                       pin.carried if pin else None, final)
-            self.metrics.teardown_seconds.observe(time.perf_counter() - t0)
+            self.metrics.observe_teardown(time.perf_counter() - t0)
         except Exception:
             self.metrics.failed("teardown")
             raise
@@ -535,7 +536,7 @@ class Larkd:
             held = None if job_pid == TRANSFER_NETNS else await self.hold_unnetworked(pin, e)
             tag_failure(e, "setup", held=held)   # a transfer's refusal holds the job through HTCondor instead
             raise
-        self.metrics.setup_seconds.labels(plan.network_type).observe(time.perf_counter() - t0)
+        self.metrics.observe_setup(plan.network_type, time.perf_counter() - t0)
         if self.jobs.get(key).watch is None:
             self.watch(key, starter.pid, starter.start)
         log.info("networked job %s on %s%s: %s %s in %.1f ms", plan.job_id, plan.slot, f" {what}" if what else "",

@@ -19,7 +19,7 @@ from lark.controller.metrics import ControllerMetrics
 from lark.controller.model import JobReg
 from lark.controller.registry import Registry
 from lark.controller.service import Controller
-from lark.daemon.metrics import LarkdCollector, Metrics
+from lark.daemon.prom import LarkdCollector, Metrics
 from lark.errors import LarkError
 
 ROOT = Path(__file__).resolve().parents[2]
