@@ -30,6 +30,7 @@ from ..policy.startd import JobIdentity
 from . import docker_setup, peercred, ssh_session, transfer_plugin
 from .admission import Admission, LogLimit, RateLimit
 from .adpush import ROUTINE, URGENT, AdPusher, PushQueue
+from .heaptrim import HeapTrim
 from .jobnet import TRANSFER_NETNS, JobNetworker
 from .metrics import machine_mbit, make_metrics, node_totals
 from .pins import Pin, PinStore, merge_usage
@@ -91,6 +92,7 @@ class Larkd:
         self.identities: dict[tuple[int, int], JobIdentity] = {}
         # pools are fixed at start
         self.metrics = make_metrics(cfg.metrics_address, self.records, self.acct, self.net.pools)
+        self.heap = HeapTrim()
         self.uplink_mbit: float | None = None
         self.sandbox = SandboxService(cfg, self.netns_inode, lambda: self.ads, self.pool, self.spawn)
 
@@ -201,6 +203,7 @@ class Larkd:
             summary = await self.loop.run_in_executor(self.pool, self.net.teardown, key, reason,
                                                       pin.carried if pin else None, final)
             self.metrics.observe_teardown(time.perf_counter() - t0)
+            self.heap.changed()
         except Exception:
             self.metrics.failed("teardown")
             raise
@@ -288,6 +291,8 @@ class Larkd:
                     await self.loop.run_in_executor(self.push_pool, self.push_running)
                 except Exception as e:
                     log.error("pushing figures to the schedd failed: %s", e)
+            if self.heap.due():
+                await self.loop.run_in_executor(self.pool, self.heap.run)
 
     # -- requests -------------------------------------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -537,6 +542,7 @@ class Larkd:
             tag_failure(e, "setup", held=held)   # a transfer's refusal holds the job through HTCondor instead
             raise
         self.metrics.observe_setup(plan.network_type, time.perf_counter() - t0)
+        self.heap.changed()
         if self.jobs.get(key).watch is None:
             self.watch(key, starter.pid, starter.start)
         log.info("networked job %s on %s%s: %s %s in %.1f ms", plan.job_id, plan.slot, f" {what}" if what else "",
