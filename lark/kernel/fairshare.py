@@ -21,7 +21,7 @@ from typing import Any
 from pyroute2 import IPRoute
 
 from ..errors import LarkError
-from . import netns, shaping
+from . import links, netns, shaping
 
 log = logging.getLogger(__name__)
 
@@ -119,17 +119,17 @@ class FairShare:
     @staticmethod
     def _change(ipr: IPRoute, job: LinkJob, mbit: float) -> None:
         limit = shaping.limit_for(mbit, job.job_id)
-        host_idx = ipr.link_lookup(ifname=job.host_if)
-        if not host_idx:
+        host_idx = links.index_by_name(ipr, job.host_if)
+        if host_idx is None:
             raise LarkError("its host-side device is gone", job=job.job_id, obj=job.host_if,
                             fix="none needed: the job is ending")
         fd = os.open(job.netns_path, os.O_RDONLY)
         try:
             with netns.netlink_in(fd) as nipr:
-                job_idx = nipr.link_lookup(ifname=job.job_if)
-                if not job_idx:
+                job_idx = links.index_by_name(nipr, job.job_if)
+                if job_idx is None:
                     raise LarkError("its device is gone", job=job.job_id, obj=job.job_if,
                                     fix="none needed: the job is ending")
-                shaping.change(ipr, host_idx[0], nipr, job_idx[0], limit, job.job_id)
+                shaping.change(ipr, host_idx, nipr, job_idx, limit, job.job_id)
         finally:
             os.close(fd)

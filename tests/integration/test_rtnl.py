@@ -371,3 +371,19 @@ def test_the_limits_set_on_the_raw_socket_are_pyroute2s() -> None:
     finally:
         for n in names:
             subprocess.run(["ip", "netns", "del", n])
+
+
+def test_index_by_name_reads_indexes_on_the_raw_socket_and_says_none_for_a_missing_device(ns: str) -> None:
+    """links.index_by_name (fair share asks it for every running job at each setup): in a job's netns through its
+    raw socket, without making the pyroute2 IPRoute there, and the same answers as pyroute2's link_lookup."""
+    fd = fd_of(ns)
+    try:
+        with netns.netlink_in(fd) as nipr:
+            got = (links.index_by_name(nipr, "a1"), links.index_by_name(nipr, "lo"),
+                   links.index_by_name(nipr, "no-such-dev"))
+            assert nipr._ipr is None   # no IPRoute was made in the job's netns
+            want = tuple(hits[0] if hits else None for hits in (nipr.link_lookup(ifname=n)
+                                                                for n in ("a1", "lo", "no-such-dev")))
+    finally:
+        os.close(fd)
+    assert got == want and got[1] == 1 and got[2] is None and got[0] is not None
