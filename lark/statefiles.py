@@ -23,9 +23,11 @@ TEMP_MARK = ".tmp."   # <name>.tmp.<pid>.<thread>: unique per writer, and the pi
 # sort_keys: the same object always gives the same text (records compare it); default: dataclasses as dicts.
 STATE_JSON = json.JSONEncoder(sort_keys=True, default=asdict)
 
-# No fsync, of the file or its directory: records and pins live in run_dir, a tmpfs whose contents, like the kernel
-# objects they describe, do not survive a host crash, so there is nothing to make durable; the rename alone keeps a
-# reader (and a restart after larkd is killed) from ever seeing a half-written file.
+# No fsync, of the file or its directory (there never was one). Records and pins live in run_dir, a tmpfs whose
+# contents, like the kernel objects they describe, do not survive a host crash: nothing to make durable. The finished
+# records (state_dir, on disk) are the exception: a host crash within the kernel's writeback delay of a job's end
+# can lose that job's record, while its figures are already in the job's ad and history (the exit barrier). Either
+# way the rename keeps a reader (and a restart after larkd is killed) from ever seeing a half-written file.
 _TEMP_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 

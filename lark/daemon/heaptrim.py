@@ -3,8 +3,9 @@
 A setup's transient buffers (netlink replies, nft JSON, encoded requests) are freed to glibc's malloc, which keeps
 the pages for reuse; after 128 setups larkd's RSS held ~4 MB of them (measured: malloc_trim(0) took it from 91.1
 to 87.3 MB in 0.85 ms, bench/scale128.py; issue 27's larkd RSS goal). One trim per burst, from the poller, when
-a whole poll interval passed without a setup or teardown, so the cost is paid once per burst and never while jobs
-wait. Where the C library has no malloc_trim (not glibc) nothing is done.
+a whole poll interval passed without a setup or teardown: the cost is paid once per burst, at most once per poll
+interval whatever jobs do (a setup that arrives during the ~1 ms trim takes another worker, or waits that long).
+Where the C library has no malloc_trim (not glibc) nothing is done.
 """
 from __future__ import annotations
 
